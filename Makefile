@@ -1,0 +1,33 @@
+# Everything runs from the project's own virtualenv, made and filled on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# Copy of the requirements.txt last installed; pip runs again only when the file changes.
+STAMP := $(VENV)/requirements.stamp
+PYTEST_ARGS ?=
+
+.PHONY: venv test demo lint bench-limiter bench-jobs
+
+venv:
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@cmp -s requirements.txt $(STAMP) || { \
+		$(PY) -m pip install --disable-pip-version-check -r requirements.txt && \
+		cp requirements.txt $(STAMP); }
+
+test: venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Web on WEB_HOST:WEB_PORT (0.0.0.0:8000), one Celery worker, Redis from REDIS_URL or private.
+demo: venv
+	scripts/demo.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench-limiter: venv
+	$(PY) -m bench.limiter
+
+# ratejobs end to end against the sandbox with no limit, next to bare Celery (a few minutes).
+bench-jobs: venv
+	$(PY) -m bench.jobs

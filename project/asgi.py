@@ -1,0 +1,9 @@
+"""ASGI entry point for application servers."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.production")
+
+application = get_asgi_application()

@@ -1,0 +1,1 @@
+"""Settings per environment: base (development defaults), test and production."""

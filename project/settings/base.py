@@ -1,0 +1,178 @@
+"""Settings shared by every environment, read from the environment with django-environ.
+
+The defaults suit a development checkout; production.py removes the ones that must not leak.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+
+env = environ.Env()
+
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="django-insecure-development-key-do-not-deploy")
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "ratejobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Workers and the web server write at once: WAL lets readers go on during a write, and
+    # IMMEDIATE transactions queue writers on the busy timeout instead of failing to upgrade a
+    # read lock ("database is locked").
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        timeout=30,
+        transaction_mode="IMMEDIATE",
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+    )
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# The shared rate limiter state lives here; the broker defaults to the same server.
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+# Results live in the database (Call rows); Celery's result backend would only duplicate them.
+CELERY_TASK_IGNORE_RESULT = True
+# A task is acknowledged only after it ran, and given back if its worker dies, so a crash
+# loses no call; tasks must therefore be safe to run twice.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# With acks_late a lost broker connection redelivers the running tasks anyway; cancel them
+# rather than let a second copy run beside them.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# Workers take one task at a time: a prefetched task would wait behind a rate-limited one.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SEND_SENT_EVENT = True
+CELERY_WORKER_SEND_TASK_EVENTS = True
+# A task makes one outbound call (plus its wait for the limiter); minutes means it is stuck.
+CELERY_TASK_SOFT_TIME_LIMIT = 5 * 60
+CELERY_TASK_TIME_LIMIT = CELERY_TASK_SOFT_TIME_LIMIT + 60
+# Redis hands an unacknowledged task to another worker after this long. It must exceed the
+# hard time limit and the longest countdown we schedule (Retry-After), or tasks run twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 60 * 60}
+
+# --- ratejobs -----------------------------------------------------------------------------
+# Fernet key for API credentials stored in the database; derived from SECRET_KEY when empty.
+RATEJOBS_CREDENTIALS_KEY = env("RATEJOBS_CREDENTIALS_KEY", default="")
+# Most calls one POST /api/jobs/ may carry, and the largest request body a call may have.
+RATEJOBS_MAX_CALLS_PER_REQUEST = env.int("RATEJOBS_MAX_CALLS_PER_REQUEST", default=100_000)
+RATEJOBS_MAX_CALL_BODY_BYTES = env.int("RATEJOBS_MAX_CALL_BODY_BYTES", default=1024 * 1024)
+# Response bodies are stored up to this size, with a truncated flag beyond it.
+RATEJOBS_MAX_RESPONSE_BYTES = env.int("RATEJOBS_MAX_RESPONSE_BYTES", default=1024 * 1024)
+# The broker holds at most this many seconds of an API's work (at its rate), so a job of a
+# million calls never floods it; bounded below so every worker has something to take.
+RATEJOBS_DISPATCH_WINDOW_SECONDS = env.float("RATEJOBS_DISPATCH_WINDOW_SECONDS", default=2.0)
+RATEJOBS_DISPATCH_WINDOW_MIN = env.int("RATEJOBS_DISPATCH_WINDOW_MIN", default=16)
+RATEJOBS_DISPATCH_WINDOW_MAX = env.int("RATEJOBS_DISPATCH_WINDOW_MAX", default=1000)
+# A worker waits for a limiter slot this long at most; a longer wait puts the call back in the
+# database with next_attempt_at, since a long countdown task in a Redis broker would run twice.
+# A call whose job is paused or cancelled while it waits is sent at most this long afterwards,
+# which keeps pause and cancel within a second.
+RATEJOBS_MAX_WORKER_WAIT = env.float("RATEJOBS_MAX_WORKER_WAIT", default=1.0)
+# Seconds between reconciler runs (celery beat): re-dispatches calls whose message was lost.
+RATEJOBS_RECONCILE_INTERVAL = env.float("RATEJOBS_RECONCILE_INTERVAL", default=30.0)
+# A dispatched call not started after this long lost its broker message (Redis restart).
+RATEJOBS_STALE_DISPATCH_SECONDS = env.float("RATEJOBS_STALE_DISPATCH_SECONDS", default=120.0)
+
+# The reconciler is a safety net run by `celery -A project beat`, not the engine: workers alone
+# run jobs to completion.
+CELERY_BEAT_SCHEDULE = {
+    "ratejobs-reconcile": {"task": "ratejobs.reconcile", "schedule": RATEJOBS_RECONCILE_INTERVAL}
+}
+
+# --- REST API (ratejobs/api/) ---------------------------------------------------------------
+# Largest request body the REST API accepts (a job of many calls); larger ones get a 413
+# before parsing. Django's own cap is set to the same value so it never refuses first.
+RATEJOBS_MAX_REQUEST_BYTES = env.int("RATEJOBS_MAX_REQUEST_BYTES", default=64 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = RATEJOBS_MAX_REQUEST_BYTES
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        # Token first: an anonymous request is then told 401 with `WWW-Authenticate: Token`.
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["ratejobs.api.parsers.LimitedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "ratejobs.api.pagination.Pagination",
+    "EXCEPTION_HANDLER": "ratejobs.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "ratejobs API",
+    "DESCRIPTION": "Batches of outbound HTTP calls against rate-limited APIs.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's files come from drf-spectacular-sidecar (static files), not from a CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}

@@ -1,0 +1,9 @@
+"""WSGI entry point for application servers."""
+
+import os
+
+from django.core.wsgi import get_wsgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.production")
+
+application = get_wsgi_application()

@@ -1,0 +1,1 @@
+"""ratejobs: large batches of outbound HTTP calls against rate-limited third-party APIs."""

@@ -1,0 +1,29 @@
+"""Routes of the REST API, mounted under /api/."""
+
+from __future__ import annotations
+
+from django.urls import path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from ratejobs.api import apis, jobs
+
+app_name = "api"
+
+urlpatterns = [
+    path("apis/", apis.ApiListCreateView.as_view(), name="api-list"),
+    path("apis/<slug:name>/", apis.ApiDetailView.as_view(), name="api-detail"),
+    path("jobs/", jobs.JobListCreateView.as_view(), name="job-list"),
+    path("jobs/<int:job_id>/", jobs.JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<int:job_id>/calls/", jobs.JobCallListView.as_view(), name="job-calls"),
+    path("jobs/<int:job_id>/events/", jobs.JobThrottleEventListView.as_view(), name="job-events"),
+    path("jobs/<int:job_id>/pause/", jobs.JobPauseView.as_view(), name="job-pause"),
+    path("jobs/<int:job_id>/resume/", jobs.JobResumeView.as_view(), name="job-resume"),
+    path("jobs/<int:job_id>/cancel/", jobs.JobCancelView.as_view(), name="job-cancel"),
+    path(
+        "jobs/<int:job_id>/retry-failed/",
+        jobs.JobRetryFailedView.as_view(),
+        name="job-retry-failed",
+    ),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+]

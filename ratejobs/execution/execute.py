@@ -1,0 +1,234 @@
+"""One attempt at one call: a slot from the shared limiter, the request, the response fed back
+to the limiter, the lease returned, and a decision on what comes next."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import requests
+
+from ratejobs.execution.backoff import backoff_ceiling
+from ratejobs.execution.http import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_READ_TIMEOUT,
+    HttpResult,
+    send,
+)
+from ratejobs.execution.outcome import Decision, DecisionKind, classify
+from ratejobs.execution.request import HttpRequest
+from ratejobs.execution.urls import redact_url
+from ratejobs.limiter import Feedback, Limiter, LimiterError, LimiterUnavailable, WaitTooLong
+from ratejobs.limiter.config import is_positive_number
+
+logger = logging.getLogger(__name__)
+
+OutcomeKind = DecisionKind
+
+# The whole exchange, redirects and body included; a trickling server that stays just inside
+# the read timeout on every read would otherwise hold the worker and its lease for ever.
+DEFAULT_TOTAL_TIMEOUT = 60.0
+# Five attempts with a 1 s base wait up to 1+2+4+8 s between them: enough to ride out a deploy
+# or a failover, few enough that a broken endpoint fails within a minute.
+DEFAULT_MAX_ATTEMPTS = 5
+# Each throttle is waited out as the API asks, so these retries are cheap for the API; a call
+# still throttled after this many is stuck behind a quota that is not refilling.
+DEFAULT_MAX_THROTTLED_RETRIES = 20
+DEFAULT_BACKOFF_BASE = 1.0
+# No backoff beyond a minute: past that a retry is better scheduled by the caller than slept on.
+DEFAULT_BACKOFF_CAP = 60.0
+# Redis unreachable is usually a restart or a failover that takes seconds; nothing was sent, so
+# a short fixed wait costs the API nothing.
+LIMITER_UNAVAILABLE_RETRY_SECONDS = 5.0
+# A lease must outlive the request it covers: send() can overrun its total timeout by one
+# connect plus one read, and this much more covers the Redis round trips around it.
+LEASE_MARGIN_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class ExecutionPolicy:
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT
+    read_timeout: float = DEFAULT_READ_TIMEOUT
+    total_timeout: float = DEFAULT_TOTAL_TIMEOUT
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_throttled_retries: int = DEFAULT_MAX_THROTTLED_RETRIES
+    backoff_base: float = DEFAULT_BACKOFF_BASE
+    backoff_cap: float = DEFAULT_BACKOFF_CAP
+
+    def __post_init__(self) -> None:
+        errors = []
+        for name in ("connect_timeout", "read_timeout", "total_timeout", "backoff_base"):
+            if not is_positive_number(getattr(self, name)):
+                errors.append(f"{name} must be a positive number of seconds")
+        if not is_positive_number(self.backoff_cap) or self.backoff_cap < self.backoff_base:
+            errors.append("backoff_cap must be a number of seconds >= backoff_base")
+        if not _whole(self.max_body_bytes, 0):
+            errors.append("max_body_bytes must be a whole number >= 0")
+        if not _whole(self.max_attempts, 1):
+            errors.append("max_attempts must be a whole number >= 1")
+        if not _whole(self.max_throttled_retries, 0):
+            errors.append("max_throttled_retries must be a whole number >= 0")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long an in-flight lease lasts: the longest send() can take, and a margin."""
+        return self.total_timeout + self.connect_timeout + self.read_timeout + LEASE_MARGIN_SECONDS
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One attempt's end. `attempts` and `throttled_retries` are the counters to pass to the
+    next attempt's execute_call (as `attempts + 1` and `throttled_retries`)."""
+
+    decision: Decision
+    result: HttpResult | None  # None: nothing was sent
+    feedback: Feedback | None  # what the response did to the shared limiter, if anything
+    slot_us: int | None  # the limiter slot granted (Redis clock), None if none was
+    generation: int | None
+    waited: float  # seconds spent waiting for the limiter
+    attempts: int
+    throttled_retries: int
+    limiter_error: str = ""  # the response could not be fed back (or the lease returned)
+
+    @property
+    def kind(self) -> OutcomeKind:
+        return self.decision.kind
+
+    @property
+    def retry_after(self) -> float:
+        return self.decision.retry_after
+
+    @property
+    def error(self) -> str:
+        return self.decision.error
+
+    @property
+    def sent(self) -> bool:
+        return self.result is not None
+
+
+def execute_call(
+    request: HttpRequest,
+    *,
+    limiter: Limiter,
+    session: requests.Session,
+    policy: ExecutionPolicy,
+    attempts: int,
+    throttled_retries: int,
+    max_wait: float,
+    weight: int = 1,
+    rng: random.Random | None = None,
+) -> Outcome:
+    """Run attempt number `attempts` (1-based, throttled attempts not counted) of a call.
+
+    Waits at most `max_wait` seconds for a limiter slot; a slot further away, or a limiter that
+    cannot be reached, gives kind "wait" and nothing is sent. The response's status and headers
+    go to limiter.observe(), so a 429 or a spent quota blocks every worker on this API and cuts
+    the adaptive rate once per burst. The lease is returned whatever happens. A malformed
+    request (ValueError) or LimiterNotConfigured is raised.
+    """
+    if not (isinstance(max_wait, int | float) and max_wait >= 0):
+        raise ValueError("max_wait must be a number of seconds >= 0")
+    started = time.monotonic()
+    try:
+        grant = limiter.acquire(weight, max_wait=max_wait, lease_seconds=policy.lease_seconds)
+    except WaitTooLong as exc:
+        decision = Decision(
+            "wait",
+            retry_after=exc.retry_after,
+            error=f"next slot of limiter {limiter.name!r} is {exc.retry_after:.3f}s away, "
+            f"beyond max_wait {max_wait}s; nothing sent",
+        )
+        return _not_sent(decision, time.monotonic() - started, attempts, throttled_retries)
+    except LimiterUnavailable as exc:
+        decision = Decision(
+            "wait",
+            retry_after=LIMITER_UNAVAILABLE_RETRY_SECONDS,
+            error=f"limiter unavailable, nothing sent (fails closed): {exc}",
+        )
+        return _not_sent(decision, time.monotonic() - started, attempts, throttled_retries)
+
+    feedback: Feedback | None = None
+    limiter_error = ""
+    try:
+        result = send(
+            session,
+            request,
+            connect_timeout=policy.connect_timeout,
+            read_timeout=policy.read_timeout,
+            max_body_bytes=policy.max_body_bytes,
+            total_timeout=policy.total_timeout,
+        )
+        if result.status_code is not None:
+            # A 429 without hints blocks everyone for this call's un-jittered backoff: the
+            # jitter spreads one caller's retries, but a block is shared and one random
+            # draw near zero would let every worker straight back in.
+            default_block = backoff_ceiling(
+                throttled_retries, base=policy.backoff_base, cap=policy.backoff_cap
+            )
+            try:
+                feedback = limiter.observe(
+                    grant, result.status_code, result.headers, default_block=default_block
+                )
+            except LimiterError as exc:
+                limiter_error = f"response not fed back to the limiter: {exc}"
+                logger.warning("%s (%s)", limiter_error, redact_url(request.url))
+    finally:
+        try:
+            limiter.release(grant)
+        except LimiterError as exc:  # the lease expires by itself after lease_seconds
+            limiter_error = limiter_error or f"lease not returned: {exc}"
+            logger.warning("limiter %r: lease not returned: %s", limiter.name, exc)
+
+    decision = classify(
+        result,
+        attempts=attempts,
+        max_attempts=policy.max_attempts,
+        throttled_retries=throttled_retries,
+        max_throttled_retries=policy.max_throttled_retries,
+        backoff_base=policy.backoff_base,
+        backoff_cap=policy.backoff_cap,
+        rng=rng,
+    )
+    logger.debug(
+        "%s %s: %s (%s) in %.3fs",
+        request.method,
+        redact_url(request.url),
+        decision.kind,
+        result.status_code if result.error_kind is None else result.error_kind,
+        result.duration,
+    )
+    return Outcome(
+        decision=decision,
+        result=result,
+        feedback=feedback,
+        slot_us=grant.slot_us,
+        generation=grant.generation,
+        waited=grant.waited,
+        attempts=attempts if decision.counts_as_attempt else attempts - 1,
+        throttled_retries=throttled_retries + (decision.kind == "throttled"),
+        limiter_error=limiter_error,
+    )
+
+
+def _not_sent(decision: Decision, waited: float, attempts: int, throttled_retries: int) -> Outcome:
+    return Outcome(
+        decision=decision,
+        result=None,
+        feedback=None,
+        slot_us=None,
+        generation=None,
+        waited=waited,
+        attempts=attempts - 1,
+        throttled_retries=throttled_retries,
+    )
+
+
+def _whole(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum

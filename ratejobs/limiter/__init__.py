@@ -1,0 +1,27 @@
+"""The shared Redis rate limiter: one per third-party API, for every worker (no Django, Celery)."""
+
+from __future__ import annotations
+
+from ratejobs.limiter.aio import AsyncLimiter
+from ratejobs.limiter.config import LimiterConfig
+from ratejobs.limiter.core import Feedback, Grant, LimiterState
+from ratejobs.limiter.errors import (
+    LimiterError,
+    LimiterNotConfigured,
+    LimiterUnavailable,
+    WaitTooLong,
+)
+from ratejobs.limiter.sync import Limiter
+
+__all__ = [
+    "AsyncLimiter",
+    "Feedback",
+    "Grant",
+    "Limiter",
+    "LimiterConfig",
+    "LimiterError",
+    "LimiterNotConfigured",
+    "LimiterState",
+    "LimiterUnavailable",
+    "WaitTooLong",
+]

@@ -1,0 +1,117 @@
+"""The limiter for asyncio programs (aiohttp, httpx) on redis.asyncio: the same scripts and keys
+as the sync limiter, so both kinds of caller share one bucket."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+from ratejobs.limiter.config import LimiterConfig
+from ratejobs.limiter.core import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_THROTTLE_BLOCK_SECONDS,
+    AwaitRelease,
+    Delete,
+    Feedback,
+    Grant,
+    LimiterBase,
+    LimiterState,
+    RunScript,
+    Sleep,
+    Steps,
+    new_lease_id,
+    translate_redis_errors,
+)
+from ratejobs.limiter.errors import LimiterError, LimiterUnavailable, WaitTooLong
+
+
+class AsyncLimiter(LimiterBase):
+    """One API's shared limiter on a `redis.asyncio.Redis` client; see Limiter."""
+
+    async def configure(self, config: LimiterConfig) -> bool:
+        return await self._run(self._configure_steps(config))
+
+    async def acquire(
+        self,
+        weight: int = 1,
+        *,
+        max_wait: float | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> Grant:
+        lease_id = new_lease_id()
+        try:
+            return await self._run(self._acquire_steps(lease_id, weight, max_wait, lease_seconds))
+        except (WaitTooLong, LimiterUnavailable, ValueError):
+            raise
+        except BaseException:
+            # Cancelled while holding a lease: give it back now rather than at its expiry.
+            await self._release_quietly(lease_id)
+            raise
+
+    async def release(self, grant: Grant) -> bool:
+        return await self._run(self._release_steps(grant.lease_id))
+
+    @asynccontextmanager
+    async def slot(
+        self,
+        weight: int = 1,
+        *,
+        max_wait: float | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> AsyncIterator[Grant]:
+        grant = await self.acquire(weight, max_wait=max_wait, lease_seconds=lease_seconds)
+        try:
+            yield grant
+        finally:
+            await self._release_quietly(grant.lease_id)
+
+    async def block(self, seconds: float) -> Feedback:
+        return await self._run(self._feedback_steps(-1, seconds, False))
+
+    async def report_throttle(self, grant: Grant | None, *, block_seconds: float = 0.0) -> Feedback:
+        generation = grant.generation if grant is not None else -1
+        return await self._run(self._feedback_steps(generation, block_seconds, True))
+
+    async def observe(
+        self,
+        grant: Grant | None,
+        status_code: int,
+        headers: Mapping[str, str],
+        *,
+        default_block: float = DEFAULT_THROTTLE_BLOCK_SECONDS,
+    ) -> Feedback | None:
+        return await self._run(self._observe_steps(grant, status_code, headers, default_block))
+
+    async def state(self) -> LimiterState:
+        return await self._run(self._state_steps())
+
+    async def reset(self) -> None:
+        await self._run(self._reset_steps())
+
+    async def _release_quietly(self, lease_id: str) -> None:
+        with suppress(LimiterError, asyncio.CancelledError):  # the lease expires by itself
+            await asyncio.shield(self._run(self._release_steps(lease_id)))
+
+    async def _run(self, steps: Steps) -> Any:
+        reply = None
+        try:
+            while True:
+                reply = await self._perform(steps.send(reply))
+        except StopIteration as done:
+            return done.value
+
+    async def _perform(self, step: Any) -> Any:
+        if isinstance(step, Sleep):
+            await asyncio.sleep(step.seconds)
+            return None
+        self.round_trips += 1
+        with translate_redis_errors(self.name):
+            if isinstance(step, RunScript):
+                return await self._scripts[step.name](keys=step.keys, args=step.args)
+            if isinstance(step, AwaitRelease):
+                return await self.client.blpop([step.key], timeout=step.seconds)
+            if isinstance(step, Delete):
+                return await self.client.delete(*step.keys)
+        raise TypeError(f"unknown step {step!r}")

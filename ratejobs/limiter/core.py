@@ -1,0 +1,311 @@
+"""What the sync and asyncio limiters share: keys, results, and each operation as a sans-I/O
+generator of steps (run a script, sleep, wait for a freed lease) that a front end performs."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Generator, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from ratejobs.headers import throttle_delay
+from ratejobs.limiter.config import LimiterConfig
+from ratejobs.limiter.errors import (
+    LimiterError,
+    LimiterNotConfigured,
+    LimiterUnavailable,
+    WaitTooLong,
+)
+
+MICROS = 1_000_000
+KEY_PREFIX = "ratejobs:limiter"
+# A lease covers waiting for the slot plus the request itself; after this long a worker that
+# died holding it no longer counts as in flight.
+DEFAULT_LEASE_SECONDS = 120.0
+# Sleepers wake at least this often to re-confirm, so a raised rate or a cleared block reaches
+# callers that reserved a distant slot under the old limits.
+MAX_SLEEP_SECONDS = 1.0
+# Callers waiting for in-flight capacity are woken by releases; this bounds the wait when a
+# lease expires instead (a killed worker) and must stay below the client's socket timeout.
+MAX_CAPACITY_WAIT_SECONDS = 0.5
+# 429s that carry no Retry-After still stop everyone briefly, so the other workers do not pile
+# more requests onto an API that is already refusing them.
+DEFAULT_THROTTLE_BLOCK_SECONDS = 1.0
+
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+GRANTED, WAIT, TOO_LONG, AT_CAPACITY, NOT_CONFIGURED = 0, 1, 2, 3, 4
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Permission to send one request now. Release it when the request has finished."""
+
+    lease_id: str
+    weight: int
+    slot_us: int  # the slot granted, on Redis's clock
+    granted_us: int  # Redis's clock when the grant was confirmed (>= slot_us)
+    generation: int  # report a throttle with it, so one burst of 429s counts once
+    waited: float  # seconds the caller spent waiting for it
+    requeued: int = 0  # reservations made again (a block, a rate cut, a holder a slot late)
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What a block or throttle report did."""
+
+    accepted: bool  # this throttle was the first of its burst and started a new generation
+    generation: int
+    blocked_until_us: int
+    now_us: int
+    rate_before: float
+    rate_after: float
+
+    @property
+    def rate_decreased(self) -> bool:
+        return self.rate_after < self.rate_before
+
+    @property
+    def blocked_for(self) -> float:
+        return max(0.0, (self.blocked_until_us - self.now_us) / MICROS)
+
+
+@dataclass(frozen=True)
+class LimiterState:
+    name: str
+    configured: bool
+    now_us: int
+    rate: float  # configured ceiling, requests per period
+    period: float
+    burst: int
+    max_concurrency: int
+    adaptive: bool
+    min_rate: float
+    current_rate: float  # requests per period now (below rate after adaptive cuts)
+    next_free_us: int
+    blocked_until_us: int
+    in_flight: int
+    generation: int
+
+    @property
+    def blocked_for(self) -> float:
+        return max(0.0, (self.blocked_until_us - self.now_us) / MICROS)
+
+    @property
+    def next_free_in(self) -> float:
+        return max(0.0, (self.next_free_us - self.now_us) / MICROS)
+
+
+@dataclass(frozen=True)
+class RunScript:
+    name: str
+    keys: list[str]
+    args: list[Any]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class AwaitRelease:
+    key: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Delete:
+    keys: list[str]
+
+
+Step = RunScript | Sleep | AwaitRelease | Delete
+Steps = Generator[Step, Any, Any]
+
+
+@contextmanager
+def translate_redis_errors(name: str) -> Iterator[None]:
+    """Fail closed: any Redis failure becomes an error, never a grant."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        raise LimiterError(f"limiter {name!r}: {exc}") from exc
+    except redis.RedisError as exc:
+        raise LimiterUnavailable(f"limiter {name!r}: Redis unreachable: {exc}") from exc
+
+
+def new_lease_id() -> str:
+    return uuid.uuid4().hex
+
+
+class LimiterBase:
+    """Keys and operations; subclasses perform the steps synchronously or with asyncio."""
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        config: LimiterConfig | None = None,
+        *,
+        key_prefix: str = KEY_PREFIX,
+    ) -> None:
+        if not _NAME.match(name):
+            raise ValueError("limiter name must be 1-100 of A-Z a-z 0-9 _ . : -")
+        self.client = client
+        self.name = name
+        self.config = config
+        self.round_trips = 0
+        # One hash tag for all keys of a limiter: its scripts touch several keys at once, which
+        # Redis Cluster allows only within one slot.
+        base = f"{key_prefix}:{{{name}}}"
+        self.config_key = f"{base}:config"
+        self.state_key = f"{base}:state"
+        self.leases_key = f"{base}:leases"
+        self.released_key = f"{base}:released"
+        self.keys = [
+            self.config_key,
+            self.state_key,
+            self.leases_key,
+            self.released_key,
+        ]
+        from ratejobs.limiter.scripts import SOURCES
+
+        self._scripts = {name: client.register_script(src) for name, src in SOURCES.items()}
+
+    # -- operations as steps --------------------------------------------------------------
+
+    def _configure_steps(self, config: LimiterConfig) -> Steps:
+        reply = yield RunScript(
+            "configure", [self.config_key, self.state_key], config.as_script_args()
+        )
+        self.config = config
+        return bool(int(reply[0]))
+
+    def _configure_from_own(self) -> Steps:
+        if self.config is None:
+            raise LimiterNotConfigured(
+                f"limiter {self.name!r} has no configuration in Redis and none was given"
+            )
+        yield from self._configure_steps(self.config)
+
+    def _acquire_steps(
+        self, lease_id: str, weight: int, max_wait: float | None, lease_seconds: float
+    ) -> Steps:
+        if not isinstance(weight, int) or weight < 1:
+            raise ValueError("weight must be a whole number >= 1")
+        if self.config is not None and weight > self.config.burst:
+            raise ValueError(f"weight {weight} exceeds burst {self.config.burst}")
+        started = time.monotonic()
+        held_slot = held_generation = -1
+        requeued = 0
+        while True:
+            if max_wait is None:
+                max_wait_us = -1
+            else:
+                max_wait_us = max(0, int((max_wait - (time.monotonic() - started)) * MICROS))
+            reply = yield RunScript(
+                "acquire",
+                self.keys,
+                [
+                    weight,
+                    lease_id,
+                    int(lease_seconds * MICROS),
+                    max_wait_us,
+                    held_slot,
+                    held_generation,
+                ],
+            )
+            code, wait_us, slot_us, generation, now_us = (int(x) for x in reply)
+            if held_slot >= 0 and slot_us != held_slot:
+                requeued += 1
+            if code == GRANTED:
+                return Grant(
+                    lease_id=lease_id,
+                    weight=weight,
+                    slot_us=slot_us,
+                    granted_us=now_us,
+                    generation=generation,
+                    waited=time.monotonic() - started,
+                    requeued=requeued,
+                )
+            if code == WAIT:
+                held_slot, held_generation = slot_us, generation
+                yield Sleep(min(wait_us / MICROS, MAX_SLEEP_SECONDS))
+            elif code == TOO_LONG:
+                raise WaitTooLong(wait_us / MICROS)
+            elif code == AT_CAPACITY:
+                held_slot = held_generation = -1
+                if max_wait is not None and time.monotonic() - started >= max_wait:
+                    raise WaitTooLong(max(wait_us, 0) / MICROS)
+                wait = min(max(wait_us, 1_000) / MICROS, MAX_CAPACITY_WAIT_SECONDS)
+                yield AwaitRelease(self.released_key, wait)
+            elif code == NOT_CONFIGURED:
+                yield from self._configure_from_own()
+            else:
+                raise LimiterError(f"unexpected reply from acquire.lua: {reply!r}")
+
+    def _release_steps(self, lease_id: str) -> Steps:
+        reply = yield RunScript(
+            "release", [self.config_key, self.leases_key, self.released_key], [lease_id]
+        )
+        return bool(int(reply[0]))
+
+    def _feedback_steps(self, generation: int, block_seconds: float, throttled: bool) -> Steps:
+        args = [generation, max(0, int(block_seconds * MICROS)), 1 if throttled else 0]
+        while True:
+            reply = yield RunScript("feedback", [self.config_key, self.state_key], args)
+            if int(reply[0]) != NOT_CONFIGURED:
+                break
+            yield from self._configure_from_own()
+        return Feedback(
+            accepted=bool(int(reply[1])),
+            generation=int(reply[2]),
+            blocked_until_us=int(reply[3]),
+            now_us=int(reply[4]),
+            rate_before=float(reply[5]),
+            rate_after=float(reply[6]),
+        )
+
+    def _observe_steps(
+        self,
+        grant: Grant | None,
+        status_code: int,
+        headers: Mapping[str, str],
+        default_block: float,
+    ) -> Steps:
+        delay = throttle_delay(status_code, headers, now=time.time())
+        throttled = status_code == 429
+        if throttled and delay is None:
+            delay = default_block
+        if not throttled and not delay:
+            return None
+        generation = grant.generation if grant is not None else -1
+        return (yield from self._feedback_steps(generation, delay or 0.0, throttled))
+
+    def _reset_steps(self) -> Steps:
+        """Forget the live state (pace, block, leases, adaptive rate); keep the configuration."""
+        yield Delete([self.state_key, self.leases_key, self.released_key])
+
+    def _state_steps(self) -> Steps:
+        reply = yield RunScript("state", [self.config_key, self.state_key, self.leases_key], [])
+        return LimiterState(
+            name=self.name,
+            configured=bool(int(reply[0])),
+            now_us=int(reply[1]),
+            rate=float(reply[2]),
+            period=float(reply[3]),
+            burst=int(reply[4]),
+            max_concurrency=int(reply[5]),
+            adaptive=bool(int(reply[6])),
+            min_rate=float(reply[7]),
+            current_rate=float(reply[8]),
+            next_free_us=int(reply[9]),
+            blocked_until_us=int(reply[10]),
+            in_flight=int(reply[11]),
+            generation=int(reply[12]),
+        )

@@ -1,0 +1,86 @@
+--[[
+acquire.lua: take an in-flight lease and reserve the next send slot, or confirm a reservation
+right before sending.
+
+KEYS[1] config hash
+KEYS[2] state hash
+KEYS[3] leases sorted set (lease id -> expiry, µs)
+KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
+ARGV[1] weight: units this call costs, 1 <= weight <= burst
+ARGV[2] lease id, a random token chosen by the caller
+ARGV[3] lease time-to-live in µs; a lease expires this long after its slot, so a killed
+        worker never leaks capacity
+ARGV[4] longest acceptable wait in µs, -1 for no limit
+ARGV[5] slot of the reservation being confirmed in µs, -1 when asking anew
+ARGV[6] generation of that reservation, -1 when asking anew
+
+Returns {code, wait_us, slot_us, generation, now_us}
+  0 GRANTED         send now; slot_us is the granted slot (<= now_us)
+  1 WAIT            a slot is reserved at slot_us; sleep wait_us, then call again passing slot
+                    and generation to confirm it right before sending (blocks and rate cuts
+                    that came meanwhile are checked then; a holder more than one slot late
+                    gets a new reservation)
+  2 TOO_LONG        the earliest slot is wait_us away, more than ARGV[4]; nothing is held
+  3 AT_CAPACITY     max_concurrency leases are out; the earliest expires in wait_us
+  4 NOT_CONFIGURED  there is no config hash; nothing changed
+]]
+
+local cfg = load_config(KEYS[1])
+if not cfg then
+  return {4, 0, 0, 0, 0}
+end
+local weight = tonumber(ARGV[1])
+if weight > cfg.burst then
+  return redis.error_reply('weight ' .. ARGV[1] .. ' exceeds burst ' .. cfg.burst)
+end
+local lease_id = ARGV[2]
+local ttl = tonumber(ARGV[3])
+local max_wait = tonumber(ARGV[4])
+local held_slot = tonumber(ARGV[5])
+local held_generation = tonumber(ARGV[6])
+local now = now_us()
+local st = load_state(KEYS[2], now)
+local interval = interval_us(cfg, current_rate(cfg, st, now))
+
+local function grant(slot)
+  redis.call('ZADD', KEYS[3], now + ttl, lease_id)
+  store_time(KEYS[2], 'granted_tat', now, math.max(st.granted_tat, slot - now) + weight * interval)
+  return {0, 0, slot, st.generation, now}
+end
+
+-- A reservation survives until its holder confirms it unless a block now covers its slot, a
+-- throttle or new config started a new generation since it was made, or the holder comes a
+-- whole slot late (a paused process, a starved core): sent now, its request would land right
+-- beside the next on-time one, so it queues again instead.
+if held_slot >= st.blocked_until and held_generation == st.generation
+    and now - held_slot < weight * interval then
+  if now >= held_slot then
+    return grant(held_slot)
+  end
+  return {1, held_slot - now, held_slot, st.generation, now}
+end
+
+local wait = next_slot_offset(cfg, st, now, weight, interval)
+local slot = now + wait
+if max_wait >= 0 and wait > max_wait then
+  if redis.call('ZREM', KEYS[3], lease_id) == 1 and cfg.max_concurrency > 0 then
+    redis.call('LPUSH', KEYS[4], '1')
+    redis.call('LTRIM', KEYS[4], 0, cfg.max_concurrency - 1)
+  end
+  return {2, wait, slot, st.generation, now}
+end
+
+if not redis.call('ZSCORE', KEYS[3], lease_id) then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if cfg.max_concurrency > 0 and redis.call('ZCARD', KEYS[3]) >= cfg.max_concurrency then
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    return {3, tonumber(first[2]) - now, 0, st.generation, now}
+  end
+end
+
+store_time(KEYS[2], 'tat', now, math.max(st.tat, wait) + weight * interval)
+if wait == 0 then
+  return grant(slot)
+end
+redis.call('ZADD', KEYS[3], slot + ttl, lease_id)
+return {1, wait, slot, st.generation, now}

@@ -1,0 +1,40 @@
+--[[
+configure.lua: set a limiter's limits. A change takes effect at the next grant: it starts a new
+generation, so reservations made under the old limits are made again, and the pace still owed
+for past grants is converted to the new rate (a grant at 1 per minute owes a minute at the old
+rate but only 10 ms after a change to 100/s).
+
+KEYS[1] config hash
+KEYS[2] state hash
+ARGV[1..8] rate, period, burst, max_concurrency, adaptive (0/1), min_rate, decrease_factor,
+           recovery_seconds
+
+Returns {changed, generation, now_us}: changed is 1 when any value differed from the stored one.
+]]
+
+local fields = {'rate', 'period', 'burst', 'max_concurrency', 'adaptive', 'min_rate',
+  'decrease_factor', 'recovery_seconds'}
+local stored = redis.call('HMGET', KEYS[1], unpack(fields))
+local changed = 0
+local pairs_to_set = {}
+for i, field in ipairs(fields) do
+  if stored[i] ~= ARGV[i] then
+    changed = 1
+  end
+  pairs_to_set[#pairs_to_set + 1] = field
+  pairs_to_set[#pairs_to_set + 1] = ARGV[i]
+end
+local now = now_us()
+local st = load_state(KEYS[2], now)
+if changed == 1 then
+  local old = load_config(KEYS[1])
+  redis.call('HSET', KEYS[1], unpack(pairs_to_set))
+  if old and st.granted_tat > 0 then
+    local new = load_config(KEYS[1])
+    st.granted_tat = st.granted_tat * interval_us(new, current_rate(new, st, now))
+      / interval_us(old, current_rate(old, st, now))
+    store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
+  end
+  new_generation(KEYS[2], st, now)
+end
+return {changed, st.generation, now}

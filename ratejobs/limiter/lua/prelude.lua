@@ -1,0 +1,111 @@
+--[[
+prelude.lua: helpers shared by every limiter script. scripts.py prepends it to each script body,
+so this file has no KEYS, ARGV or return value of its own.
+
+Units: every time is a count of microseconds on the Redis server's clock (TIME), never a
+worker's clock, because worker clocks drift apart between machines. Rates are requests per
+config.period seconds. Lua numbers are doubles: a microsecond epoch (~1.8e15) is exact as a whole
+number but has a resolution of only 0.25 us, so adding a fractional interval (1e6/150 us) to it
+at every grant would drift the pace by parts per million. Schedule times are therefore stored as
+whole microseconds plus a fraction (<name>_us, <name>_frac) and computed as offsets from now.
+
+State hash fields:
+  tat_us/_frac          theoretical arrival time (GCRA) covering every reservation of this
+                        generation
+  granted_tat_us/_frac  the same, covering only grants; a new generation restarts tat from it
+  blocked_until  nothing is sent before this time; a reservation for an earlier slot is made
+                 again when its holder confirms it
+  generation     bumped by the first throttle of a burst and by a new config; a reservation
+                 from an older generation is made again, and a throttle reported for a grant
+                 from an older generation is ignored (one decrease per burst)
+  wmax, wstart, decreased_at   adaptive rate: the rate the climb after the last decrease
+                 heads for, the rate it started from, and when it started
+]]
+
+-- Redis < 5 replicates scripts verbatim, which TIME makes non-deterministic; later versions
+-- replicate effects and keep this function only as a no-op.
+if redis.replicate_commands then
+  pcall(redis.replicate_commands)
+end
+
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function load_config(key)
+  local v = redis.call('HMGET', key, 'rate', 'period', 'burst', 'max_concurrency', 'adaptive',
+    'min_rate', 'decrease_factor', 'recovery_seconds')
+  if not v[1] then
+    return nil
+  end
+  return {
+    rate = tonumber(v[1]),
+    period = tonumber(v[2]),
+    burst = tonumber(v[3]),
+    max_concurrency = tonumber(v[4]),
+    adaptive = v[5] == '1',
+    min_rate = tonumber(v[6]),
+    decrease_factor = tonumber(v[7]),
+    recovery_seconds = tonumber(v[8]),
+  }
+end
+
+-- Schedule times in the returned state are offsets from `now` (exact at that small magnitude);
+-- store_times turns them back into whole microseconds plus a fraction.
+local function load_state(key, now)
+  local v = redis.call('HMGET', key, 'tat_us', 'tat_frac', 'granted_tat_us', 'granted_tat_frac',
+    'blocked_until', 'generation', 'wmax', 'wstart', 'decreased_at')
+  return {
+    tat = ((tonumber(v[1]) or 0) - now) + (tonumber(v[2]) or 0),
+    granted_tat = ((tonumber(v[3]) or 0) - now) + (tonumber(v[4]) or 0),
+    blocked_until = tonumber(v[5]) or 0,
+    generation = tonumber(v[6]) or 0,
+    wmax = tonumber(v[7]),
+    wstart = tonumber(v[8]),
+    decreased_at = tonumber(v[9]),
+  }
+end
+
+local function store_time(key, name, now, offset)
+  local whole = math.floor(offset)
+  redis.call('HSET', key, name .. '_us', now + whole, name .. '_frac', offset - whole)
+end
+
+-- The adaptive rate follows CUBIC (as AWS's adaptive retry mode does): right after a decrease it
+-- is wstart (decrease_factor times the rate before), it climbs back to wmax in
+-- recovery_seconds, then probes above it, always within [min_rate, rate].
+local function current_rate(cfg, st, now)
+  if not cfg.adaptive or not st.wmax or not st.decreased_at then
+    return cfg.rate
+  end
+  local k = cfg.recovery_seconds
+  local scale = (st.wmax - (st.wstart or st.wmax * cfg.decrease_factor)) / (k * k * k)
+  local d = (now - st.decreased_at) / 1000000 - k
+  local r = st.wmax + scale * d * d * d
+  return math.max(cfg.min_rate, math.min(cfg.rate, r))
+end
+
+local function interval_us(cfg, rate)
+  return cfg.period * 1000000 / rate
+end
+
+-- Start a new generation: outstanding reservations become stale, so the schedule restarts from
+-- what was actually granted instead of wasting the stale slots.
+local function new_generation(state_key, st, now)
+  st.generation = st.generation + 1
+  st.tat = st.granted_tat
+  redis.call('HSET', state_key, 'generation', st.generation)
+  store_time(state_key, 'tat', now, st.tat)
+end
+
+-- GCRA with reservation: the earliest slot at which `weight` more units conform, as an offset
+-- from now. Rounded up to a whole microsecond so that a slot survives the trip to the caller
+-- and back exactly.
+local function next_slot_offset(cfg, st, now, weight, interval)
+  return math.ceil(math.max(0, st.blocked_until - now, st.tat - (cfg.burst - weight) * interval))
+end
+
+local function as_string(x)
+  return string.format('%.17g', x)
+end

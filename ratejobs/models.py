@@ -1,0 +1,225 @@
+"""APIs (limits and credentials), jobs (batches of calls), calls and throttle events.
+
+The database is the source of truth for every call; Redis holds only limiter state and the
+broker's messages, so losing Redis loses nothing.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from ratejobs.limiter import LimiterConfig
+
+# Priority weights a job's share of its API against the other running jobs (stride scheduling).
+MAX_PRIORITY = 10
+
+
+class Api(models.Model):
+    """A third-party API: where it lives, how fast it may be called, and how to authenticate."""
+
+    name = models.SlugField(max_length=100, unique=True, help_text="also the limiter's name")
+    base_url = models.URLField(max_length=2000)
+    rate = models.FloatField(validators=[MinValueValidator(1e-6)], help_text="requests per period")
+    period = models.FloatField(default=1.0, validators=[MinValueValidator(1e-3)])
+    burst = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
+    max_concurrency = models.PositiveIntegerField(default=0, help_text="0: no in-flight cap")
+    adaptive = models.BooleanField(default=False)
+    min_rate = models.FloatField(null=True, blank=True, validators=[MinValueValidator(1e-6)])
+    max_attempts = models.PositiveIntegerField(
+        default=5, validators=[MinValueValidator(1), MaxValueValidator(100)]
+    )
+    max_throttled_retries = models.PositiveIntegerField(
+        default=50, help_text="429s a call may receive before it fails; they do not use attempts"
+    )
+    timeout = models.FloatField(
+        default=30.0,
+        validators=[MinValueValidator(0.1), MaxValueValidator(600)],
+        help_text="read timeout, seconds",
+    )
+    default_headers = models.JSONField(default=dict, blank=True)
+    auth_header = models.CharField(max_length=100, default="Authorization")
+    # A secret is either named by an environment variable of the workers, or stored encrypted
+    # (Fernet); it is never stored, returned or logged in clear.
+    credential_env = models.CharField(max_length=200, blank=True)
+    credential_encrypted = models.TextField(blank=True, editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "API"
+        verbose_name_plural = "APIs"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def has_credential(self) -> bool:
+        return bool(self.credential_env or self.credential_encrypted)
+
+    def limiter_config(self) -> LimiterConfig:
+        return LimiterConfig(
+            rate=self.rate,
+            period=self.period,
+            burst=self.burst,
+            max_concurrency=self.max_concurrency,
+            adaptive=self.adaptive,
+            min_rate=self.min_rate,
+        )
+
+
+class Job(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        PAUSED = "paused"
+        CANCELLED = "cancelled"
+        COMPLETED = "completed"
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs"
+    )
+    api = models.ForeignKey(Api, on_delete=models.PROTECT, related_name="jobs")
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    priority = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(MAX_PRIORITY)]
+    )
+    total = models.PositiveIntegerField(default=0)
+    succeeded = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    throttled = models.PositiveIntegerField(default=0, help_text="429 responses received")
+    retries = models.PositiveIntegerField(default=0)
+    # Stride scheduling among the running jobs of one API: each dispatched call advances the
+    # job's pass by 1/priority, and the job with the lowest pass goes next.
+    dispatch_pass = models.FloatField(default=0.0)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_unique_idempotency_key_per_owner",
+            )
+        ]
+        indexes = [models.Index(fields=["api", "status"], name="job_api_status")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (#{self.pk})"
+
+    @property
+    def done(self) -> int:
+        return self.succeeded + self.failed + self.cancelled
+
+    @property
+    def progress(self) -> float:
+        return 1.0 if not self.total else self.done / self.total
+
+
+class Call(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    FINAL = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED)
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="calls")
+    index = models.PositiveIntegerField()
+    method = models.CharField(max_length=10)
+    path = models.CharField(max_length=2000)
+    query = models.JSONField(null=True, blank=True)
+    headers = models.JSONField(null=True, blank=True)
+    json = models.JSONField(null=True, blank=True)
+    body = models.TextField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0, help_text="requests sent")
+    throttled_count = models.PositiveIntegerField(default=0, help_text="429s received")
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    # Set when a broker message for this call was sent, cleared when the call goes back to
+    # waiting: the dispatcher keeps the number of calls in the broker bounded with it.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    # A running call belongs to the task holding this token until running_until; after that a
+    # redelivered task may take it over (its worker died).
+    claim_token = models.CharField(max_length=32, blank=True)
+    claim_owner = models.CharField(max_length=300, blank=True, help_text="host:pid of the task")
+    running_until = models.DateTimeField(null=True, blank=True)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_headers = models.JSONField(null=True, blank=True)
+    response_body = models.BinaryField(null=True, blank=True)
+    response_truncated = models.BooleanField(default=False)
+    error = models.TextField(blank=True)
+    duration = models.FloatField(null=True, blank=True, help_text="seconds of the last request")
+    created = models.DateTimeField(auto_now_add=True)
+    started = models.DateTimeField(null=True, blank=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "index"], name="call_unique_index_per_job")
+        ]
+        indexes = [
+            models.Index(fields=["job", "status"], name="call_job_status"),
+            # what the dispatcher looks for: waiting calls not yet in the broker
+            models.Index(
+                fields=["job", "index"],
+                condition=Q(status="pending", dispatched_at__isnull=True),
+                name="call_undispatched",
+            ),
+            # what the reconciler looks for: calls in the broker or running
+            models.Index(
+                fields=["dispatched_at"],
+                condition=Q(dispatched_at__isnull=False),
+                name="call_dispatched",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.method} {self.path} (job {self.job_id} #{self.index})"
+
+
+class ThrottleEvent(models.Model):
+    class Kind(models.TextChoices):
+        THROTTLED = "throttled", "429 received"
+        BLOCKED = "blocked", "limiter blocked"
+        RATE_DECREASED = "rate_decreased", "rate decreased"
+        RATE_RESTORED = "rate_restored", "rate restored"
+        QUOTA_EXHAUSTED = "quota_exhausted", "quota exhausted (headers)"
+
+    api = models.ForeignKey(Api, on_delete=models.CASCADE, related_name="throttle_events")
+    job = models.ForeignKey(
+        Job, null=True, blank=True, on_delete=models.CASCADE, related_name="throttle_events"
+    )
+    call = models.ForeignKey(
+        Call, null=True, blank=True, on_delete=models.SET_NULL, related_name="throttle_events"
+    )
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    retry_after = models.FloatField(null=True, blank=True, help_text="seconds")
+    rate_before = models.FloatField(null=True, blank=True)
+    rate_after = models.FloatField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created"]
+        indexes = [
+            models.Index(fields=["api", "created"], name="throttle_api_created"),
+            models.Index(fields=["job", "created"], name="throttle_job_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} on {self.api_id} at {self.created:%H:%M:%S}"

@@ -1,0 +1,452 @@
+"""The sandbox HTTP server: standard library only, one thread per connection, keep-alive."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import socket
+import socketserver
+import sys
+import threading
+import time
+from email.utils import formatdate
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ratejobs.sandbox.config import SandboxConfig
+from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
+from ratejobs.sandbox.state import THROTTLED, Admission, SandboxState
+
+__all__ = ["Sandbox", "SandboxConfig", "SandboxProcess", "start_sandbox_process"]
+
+# Clients connect in bursts (a benchmark opening a session per thread); the default backlog of 5
+# would turn the sixth into a SYN retry a second later.
+LISTEN_BACKLOG = 1024
+# /big builds its body in memory; a typo of a few zeros should not take the machine with it.
+MAX_BIG_BYTES = 64 * 1024 * 1024
+MAX_REQUEST_BODY_BYTES = 64 * 1024 * 1024
+# How often serve_forever looks for a stop request; only stop() waits on it.
+POLL_INTERVAL_S = 0.05
+# Handler threads end within milliseconds of their sockets being shut down; this only bounds a
+# stop() that something unforeseen holds up.
+STOP_TIMEOUT_S = 5.0
+JSON = "application/json"
+CONNECTION_THREAD_PREFIX = "sandbox connection "
+
+_REASONS = {status.value: status.phrase for status in HTTPStatus}
+# Statuses whose responses carry no body (RFC 9110 6.4.1); 204 has no Content-Length either.
+_NO_BODY = frozenset({204, 304})
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG
+
+    def __init__(self, address: tuple[str, int], state: SandboxState) -> None:
+        self.state = state
+        self.stopping = threading.Event()  # cuts /slow and --latency sleeps short on stop()
+        self._connections: dict[socket.socket, threading.Thread] = {}
+        self._connections_lock = threading.Lock()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind looks up the host's FQDN, a DNS round trip we have no use for.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # ThreadingMixIn's, keeping track of its daemon threads (it only tracks the others) so
+        # that stop() can end and join them.
+        thread = threading.Thread(
+            target=self._serve_connection,
+            args=(request, client_address),
+            name=f"{CONNECTION_THREAD_PREFIX}{client_address}",
+            daemon=True,
+        )
+        with self._connections_lock:
+            self._connections[request] = thread
+        thread.start()
+
+    def _serve_connection(self, request: Any, client_address: Any) -> None:
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._connections.pop(request, None)
+
+    def end_connections(self, timeout: float) -> None:
+        """Wake every handler thread (idle on keep-alive, sleeping in /slow or writing) and
+        join them."""
+        self.stopping.set()
+        with self._connections_lock:
+            connections = list(self._connections.items())
+        for connection, _ in connections:
+            with contextlib.suppress(OSError):  # already gone
+                connection.shutdown(socket.SHUT_RDWR)
+        deadline = time.monotonic() + timeout
+        for _, thread in connections:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-response is ordinary for a load-testing target.
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "ratejobs-sandbox"
+    sys_version = ""
+    # Responses go out in one write, but a client pipelining requests should not wait on Nagle.
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def handle_one_request(self) -> None:
+        # BaseHTTPRequestHandler's, minus the do_<METHOD> lookup: every method is served.
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+            return
+        if not self.raw_requestline:
+            self.close_connection = True
+            return
+        if not self.parse_request():
+            return
+        self._serve()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # thousands of requests a second; /__stats?detail=1 is the access log
+
+    def _serve(self) -> None:
+        body = self._read_body()
+        if body is None:
+            return
+        path, _, query_string = self.path.partition("?")
+        query = dict(parse_qsl(query_string, keep_blank_values=True))
+        if path.startswith("/__"):
+            self._control(path, query, body)
+            return
+        status, problem = _route(path, query)
+        state = self.server.state
+        admission = state.admit(path, status, self.headers.get("X-Request-Id"))
+        arrival = admission.arrival
+        headers = _quota_headers(admission)
+        if admission.config.latency:
+            self.server.stopping.wait(admission.config.latency)
+        if arrival.throttled:
+            if arrival.retry_after is not None:
+                headers.append(("Retry-After", _retry_after_value(admission)))
+            self._send(THROTTLED, {"error": "rate limited"}, headers)
+            state.mark_sent(arrival, time.monotonic_ns())
+        elif admission.injected_error:
+            self._send(arrival.status, {"error": "injected error"}, headers)
+        elif problem is not None:
+            self._send(status, {"error": problem}, headers)
+        else:
+            self._send(status, self._answer(path, query, len(body), arrival.n, headers), headers)
+
+    def _answer(
+        self,
+        path: str,
+        query: dict[str, str],
+        body_bytes: int,
+        n: int,
+        headers: list[tuple[str, str]],
+    ) -> dict[str, Any] | bytes:
+        """The body of an admitted request with well-formed parameters (see _route)."""
+        if path.startswith("/status/"):
+            return {"status": int(path.removeprefix("/status/")), "n": n}
+        if path == "/redirect":
+            headers.append(("Location", query["to"]))
+            return {"location": query["to"], "n": n}
+        if path == "/big":
+            return b"x" * int(query["bytes"])
+        if path == "/slow":
+            self.server.stopping.wait(float(query["seconds"]))
+        return {
+            "method": self.command,
+            "path": path,
+            "query": query,
+            "n": n,
+            "body_bytes": body_bytes,
+        }
+
+    def _control(self, path: str, query: dict[str, str], body: bytes) -> None:
+        state = self.server.state
+        if path == "/__stats":
+            window = None
+            if "window" in query:
+                window = _float(query["window"])
+                if window is None or window <= 0:
+                    self._send(400, {"error": "window must be a positive number of seconds"})
+                    return
+            detail = query.get("detail", "0") not in ("", "0", "false")
+            self._send(200, state.stats(window=window, detail=detail))
+        elif path == "/__reset":
+            if self.command != "POST":
+                self._send(405, {"error": "POST to reset"}, [("Allow", "POST")])
+                return
+            state.reset()
+            self._send(200, {"reset": True})
+        elif path == "/__config":
+            if self.command == "GET":
+                self._send(200, state.config.live_fields())
+                return
+            if self.command != "POST":
+                self._send(405, {"error": "GET or POST"}, [("Allow", "GET, POST")])
+                return
+            try:
+                changes = json.loads(body or b"{}")
+                if not isinstance(changes, dict):
+                    raise ValueError("expected a JSON object")
+                config = state.config.with_changes(changes)
+            except (ValueError, TypeError) as exc:
+                self._send(400, {"error": str(exc)})
+                return
+            state.configure(config)
+            self._send(200, config.live_fields())
+        else:
+            self._send(404, {"error": f"no control endpoint {path}"})
+
+    def _read_body(self) -> bytes | None:
+        """The request body, whole; None after answering a request whose body can't be read."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
+        length = _int(self.headers.get("Content-Length", "0"))
+        if length is None or length < 0:
+            self.close_connection = True
+            self._send(400, {"error": "bad Content-Length"})
+            return None
+        if length > MAX_REQUEST_BODY_BYTES:
+            self.close_connection = True
+            self._send(413, {"error": "request body too large"})
+            return None
+        return self.rfile.read(length) if length else b""
+
+    def _read_chunked(self) -> bytes | None:
+        chunks, total = [], 0
+        while True:
+            size = _int(self.rfile.readline(1024).split(b";", 1)[0].strip(), base=16)
+            if size is None or size < 0 or total + size > MAX_REQUEST_BODY_BYTES:
+                self.close_connection = True
+                self._send(400, {"error": "bad chunked body"})
+                return None
+            if size == 0:
+                while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                    pass  # trailer fields
+                return b"".join(chunks)
+            chunks.append(self.rfile.read(size))
+            total += size
+            self.rfile.readline(1024)  # CRLF after the chunk
+
+    def _send(
+        self,
+        status: int,
+        body: dict[str, Any] | bytes,
+        headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        """The whole response in one write: status line, headers and body."""
+        if isinstance(body, bytes):
+            payload, content_type = body, "application/octet-stream"
+        else:
+            payload, content_type = json.dumps(body).encode(), JSON
+        lines = [
+            f"HTTP/1.1 {status} {_REASONS.get(status, '')}",
+            f"Date: {_http_date_now()}",
+            f"Server: {self.server_version}",
+        ]
+        if status in _NO_BODY:
+            payload = b""
+            if status == 304:
+                lines.append("Content-Length: 0")
+        else:
+            lines.append(f"Content-Type: {content_type}")
+            lines.append(f"Content-Length: {len(payload)}")
+        lines.extend(f"{name}: {value}" for name, value in headers or ())
+        if self.close_connection:
+            lines.append("Connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        self.wfile.write(head if self.command == "HEAD" else head + payload)
+
+
+def _route(path: str, query: dict[str, str]) -> tuple[int, str | None]:
+    """The status the API would answer were it not for the limit and injected errors, and what
+    is wrong with the request when that is a 400."""
+    if path.startswith("/status/"):
+        code = _int(path.removeprefix("/status/"))
+        if code is None or not 200 <= code <= 599:
+            return 400, "status must be a code from 200 to 599"
+        return code, None
+    if path == "/redirect":
+        return (302, None) if query.get("to") else (400, "redirect needs ?to=<url>")
+    if path == "/slow":
+        seconds = _float(query.get("seconds", ""))
+        if seconds is None or seconds < 0:
+            return 400, "slow needs ?seconds=<non-negative number>"
+    if path == "/big":
+        size = _int(query.get("bytes", ""))
+        if size is None or not 0 <= size <= MAX_BIG_BYTES:
+            return 400, f"big needs ?bytes=<0..{MAX_BIG_BYTES}>"
+    return 200, None
+
+
+def _quota_headers(admission: Admission) -> list[tuple[str, str]]:
+    config = admission.config
+    if config.headers == "github":
+        reset = math.ceil(time.time() + admission.reset_after)  # epoch seconds, never early
+        return [
+            ("X-RateLimit-Limit", _number(config.rate)),
+            ("X-RateLimit-Remaining", str(admission.remaining)),
+            ("X-RateLimit-Reset", str(reset)),
+        ]
+    if config.headers == "ietf":
+        # draft-ietf-httpapi-ratelimit-headers (08 and later): integers where the draft asks
+        # for them; a fractional rate or period goes out as a decimal with 3 digits at most.
+        return [
+            ("RateLimit-Policy", f'"default";q={_number(config.rate)};w={_number(config.period)}'),
+            (
+                "RateLimit",
+                f'"default";r={admission.remaining};t={math.ceil(admission.reset_after)}',
+            ),
+        ]
+    return []
+
+
+def _retry_after_value(admission: Admission) -> str:
+    arrival = admission.arrival
+    if arrival.retry_date is not None:
+        return formatdate(arrival.retry_date, usegmt=True)
+    return str(int(arrival.retry_after or 0))
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}".rstrip("0")
+
+
+_date_cache: tuple[int, str] = (0, "")
+
+
+def _http_date_now() -> str:
+    # formatdate costs more than the rest of a response; a Date has whole seconds anyway.
+    global _date_cache
+    second = int(time.time())
+    cached_second, text = _date_cache
+    if cached_second != second:
+        text = formatdate(second, usegmt=True)
+        _date_cache = (second, text)
+    return text
+
+
+def _int(text: str | bytes, base: int = 10) -> int | None:
+    try:
+        return int(text, base)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+class Sandbox:
+    """A sandbox served from a background thread of this process (or the calling thread, with
+    `run()`).
+
+        with Sandbox(SandboxConfig(rate=20, burst=5)) as sandbox:
+            requests.get(sandbox.url + "/anything")
+    """
+
+    def __init__(self, config: SandboxConfig | None = None, **options: Any) -> None:
+        if config is None:
+            config = SandboxConfig(**options)
+        elif options:
+            config = dataclasses.replace(config, **options)
+        self.state = SandboxState(config)
+        self._address = (config.host, config.port)
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._serving = False  # serve_forever was called (shutdown() waits for it otherwise)
+        self._lock = threading.Lock()
+
+    @property
+    def config(self) -> SandboxConfig:
+        return self.state.config
+
+    @property
+    def url(self) -> str:
+        if self._server is None:
+            raise RuntimeError("the sandbox is not listening; start() it first")
+        host, port = self._server.server_address[:2]
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def bind(self) -> None:
+        """Listen (on a free port when the config says 0), without serving yet."""
+        with self._lock:
+            if self._server is None:
+                self._server = _Server(self._address, self.state)
+
+    def start(self) -> Sandbox:
+        self.bind()
+        assert self._server is not None
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            args=(POLL_INTERVAL_S,),
+            name=f"sandbox {self.url}",
+            daemon=True,
+        )
+        self._serving = True
+        self._thread.start()
+        return self
+
+    def run(self) -> None:
+        """Serve from the calling thread until stop() is called from another one."""
+        self.bind()
+        assert self._server is not None
+        self._serving = True
+        try:
+            self._server.serve_forever(POLL_INTERVAL_S)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop listening, end every connection and join every handler thread."""
+        with self._lock:
+            server, self._server = self._server, None
+            thread, self._thread = self._thread, None
+            serving, self._serving = self._serving, False
+        if server is None:
+            return
+        if serving:
+            server.shutdown()
+        server.server_close()  # no new connections
+        server.end_connections(STOP_TIMEOUT_S)
+        if thread is not None:
+            thread.join()
+
+    def stats(self, *, window: float | None = None, detail: bool = False) -> dict[str, Any]:
+        return self.state.stats(window=window, detail=detail)
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def configure(self, **changes: Any) -> SandboxConfig:
+        config = self.state.config.with_changes(changes)
+        self.state.configure(config)
+        return config
+
+    def __enter__(self) -> Sandbox:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

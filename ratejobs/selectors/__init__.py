@@ -1,0 +1,1 @@
+"""Reads: what users may see of APIs, jobs, calls and limiter state (services do the writes)."""

@@ -1,0 +1,245 @@
+"""Writes on jobs: create with validated calls, pause, resume, cancel, retry failed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import F, Min
+from django.utils import timezone
+
+from ratejobs.dispatch import request_dispatch
+from ratejobs.execution.urls import check_headers, resolve_url, validate_method
+from ratejobs.models import Api, Call, Job
+
+CALL_FIELDS = {"method", "path", "query", "headers", "json", "body"}
+# Rows per INSERT: large enough to be fast, small enough for SQLite's variable limit.
+BULK_BATCH = 2000
+
+
+class CallsInvalid(ValidationError):
+    """Calls that failed validation: `call_errors` maps a call's index to its field errors.
+
+    Django's ValidationError cannot hold a dict inside a dict, so its own messages stay flat
+    ("call 3: path: ...") and the structure rides beside them (the REST API returns it)."""
+
+    def __init__(self, call_errors: dict[int, dict[str, list[str]]]) -> None:
+        self.call_errors = call_errors
+        super().__init__(
+            {
+                "calls": [
+                    f"call {index}: {message}"
+                    if field == NON_FIELD_ERRORS
+                    else f"call {index}: {field}: {message}"
+                    for index, fields in call_errors.items()
+                    for field, messages in fields.items()
+                    for message in messages
+                ]
+            }
+        )
+
+
+def call_fields_from_spec(*, api: Api, spec: Any) -> dict[str, Any]:
+    """Validate one call as given by a client; raise ValidationError naming the bad fields."""
+    if not isinstance(spec, Mapping):
+        raise ValidationError("each call must be an object")
+    errors: dict[str, str] = {}
+    unknown = set(spec) - CALL_FIELDS
+    if unknown:
+        errors["fields"] = f"unknown fields: {', '.join(sorted(map(str, unknown)))}"
+    method, path = spec.get("method", "GET"), spec.get("path")
+    query, headers = spec.get("query"), spec.get("headers")
+    body_json, body = spec.get("json"), spec.get("body")
+    try:
+        method = validate_method(method if isinstance(method, str) else "")
+    except ValueError as exc:
+        errors["method"] = str(exc)
+    if not isinstance(path, str) or not path:
+        errors["path"] = "a path relative to the API's base URL is required"
+    if query is not None and not (
+        isinstance(query, Mapping)
+        and all(isinstance(v, str | int | float | bool | list) for v in query.values())
+    ):
+        errors["query"] = "must be an object of names to values"
+    if headers is not None:
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            errors["headers"] = "must be an object of header names to string values"
+        else:
+            try:
+                check_headers(headers, protected={api.auth_header})
+            except ValueError as exc:
+                errors["headers"] = str(exc)
+    if body_json is not None and body is not None:
+        errors["body"] = "give json or body, not both"
+    elif body is not None and not isinstance(body, str):
+        errors["body"] = "must be a string (use json for structured bodies)"
+    if not errors and isinstance(path, str):
+        try:
+            resolve_url(api.base_url, path, query)
+        except ValueError as exc:
+            errors["path"] = str(exc)
+    size = len(body.encode()) if isinstance(body, str) else 0
+    if body_json is not None:
+        size = len(json.dumps(body_json).encode())
+    if size > settings.RATEJOBS_MAX_CALL_BODY_BYTES:
+        errors["body"] = f"larger than {settings.RATEJOBS_MAX_CALL_BODY_BYTES} bytes"
+    if errors:
+        raise ValidationError(errors)
+    return {
+        "method": method,
+        "path": path,
+        "query": dict(query) if query else None,
+        "headers": dict(headers) if headers else None,
+        "json": body_json,
+        "body": body,
+    }
+
+
+def job_create(
+    *,
+    owner: Any,
+    api: Api,
+    name: str,
+    calls: Iterable[Any],
+    priority: int = 1,
+    idempotency_key: str | None = None,
+) -> Job:
+    """Store a job and all its calls, or nothing: every call is validated before any is saved.
+
+    With an idempotency key, a retry of the same request returns the job made the first time.
+    """
+    if idempotency_key:
+        existing = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    job = Job(owner=owner, api=api, name=name, priority=priority, idempotency_key=idempotency_key)
+    job.full_clean(exclude=["owner", "api", "idempotency_key"])
+    rows, errors = [], {}
+    for index, spec in enumerate(calls):
+        if index >= settings.RATEJOBS_MAX_CALLS_PER_REQUEST:
+            raise ValidationError(
+                {"calls": f"at most {settings.RATEJOBS_MAX_CALLS_PER_REQUEST} calls per job"}
+            )
+        try:
+            rows.append(call_fields_from_spec(api=api, spec=spec))
+        except ValidationError as exc:
+            errors[index] = (
+                exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.messages}
+            )
+            if len(errors) >= 20:  # enough to fix a systematic mistake without a huge reply
+                break
+    if errors:
+        raise CallsInvalid(errors)
+    if not rows:
+        raise ValidationError({"calls": "a job needs at least one call"})
+    try:
+        with transaction.atomic():
+            job.total = len(rows)
+            job.dispatch_pass = _lowest_active_pass(api.pk)
+            job.save()
+            for start in range(0, len(rows), BULK_BATCH):
+                Call.objects.bulk_create(
+                    Call(job=job, index=start + i, **fields)
+                    for i, fields in enumerate(rows[start : start + BULK_BATCH])
+                )
+            transaction.on_commit(lambda: request_dispatch(api.pk))
+    except IntegrityError:
+        if idempotency_key:  # a concurrent request with the same key won the race
+            return Job.objects.get(owner=owner, idempotency_key=idempotency_key)
+        raise
+    return job
+
+
+def job_complete_if_done(*, job_id: int) -> bool:
+    """Mark the job completed once every call is final (counters move with the calls)."""
+    return bool(
+        Job.objects.filter(
+            pk=job_id,
+            status__in=(Job.Status.QUEUED, Job.Status.RUNNING, Job.Status.PAUSED),
+            total=F("succeeded") + F("failed") + F("cancelled"),
+        ).update(status=Job.Status.COMPLETED, finished=timezone.now())
+    )
+
+
+@transaction.atomic
+def job_pause(*, job: Job) -> Job:
+    """Stop dispatching; calls already in the broker are skipped when a worker takes them."""
+    updated = Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(status=Job.Status.PAUSED)
+    if updated:
+        job.calls.filter(status=Call.Status.PENDING).update(dispatched_at=None)
+    job.refresh_from_db()
+    return job
+
+
+@transaction.atomic
+def job_resume(*, job: Job) -> Job:
+    updated = Job.objects.filter(pk=job.pk, status=Job.Status.PAUSED).update(
+        status=Job.Status.RUNNING
+    )
+    if updated:
+        _rejoin_fairly(job)
+        transaction.on_commit(lambda: request_dispatch(job.api_id))
+    job.refresh_from_db()
+    return job
+
+
+@transaction.atomic
+def job_cancel(*, job: Job) -> Job:
+    """Cancel every call not yet started; calls running now finish and are recorded."""
+    now = timezone.now()
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if locked.status in (Job.Status.CANCELLED, Job.Status.COMPLETED):
+        return locked
+    cancelled = locked.calls.filter(status=Call.Status.PENDING).update(
+        status=Call.Status.CANCELLED, finished=now, dispatched_at=None
+    )
+    Job.objects.filter(pk=job.pk).update(
+        status=Job.Status.CANCELLED, cancelled=F("cancelled") + cancelled, finished=now
+    )
+    locked.refresh_from_db()
+    return locked
+
+
+@transaction.atomic
+def job_retry_failed(*, job: Job) -> Job:
+    """Put failed calls back to pending with fresh attempts; the job runs again."""
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if locked.status == Job.Status.CANCELLED:
+        raise ValidationError("a cancelled job cannot be retried")
+    again = locked.calls.filter(status=Call.Status.FAILED).update(
+        status=Call.Status.PENDING,
+        attempts=0,
+        throttled_count=0,
+        next_attempt_at=None,
+        dispatched_at=None,
+        finished=None,
+        error="",
+    )
+    if again:
+        new_status = Job.Status.PAUSED if locked.status == Job.Status.PAUSED else Job.Status.RUNNING
+        Job.objects.filter(pk=job.pk).update(
+            failed=F("failed") - again, status=new_status, finished=None
+        )
+        _rejoin_fairly(locked)
+        transaction.on_commit(lambda: request_dispatch(job.api_id))
+    locked.refresh_from_db()
+    return locked
+
+
+def _rejoin_fairly(job: Job) -> None:
+    """A job coming back must not claim the share it missed while away: start it at the lowest
+    pass among the API's running jobs (stride scheduling)."""
+    Job.objects.filter(pk=job.pk).update(dispatch_pass=_lowest_active_pass(job.api_id))
+
+
+def _lowest_active_pass(api_id: int) -> float:
+    lowest = Job.objects.filter(api_id=api_id, status__in=Job.ACTIVE).aggregate(
+        lowest=Min("dispatch_pass")
+    )["lowest"]
+    return lowest or 0.0

@@ -1,0 +1,154 @@
+"""Real parts for end-to-end job tests: Celery worker processes on the test database and the
+real broker, and sandbox API servers in their own processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# A worker imports Django and connects to the broker in a few seconds even on a busy machine.
+WORKER_START_TIMEOUT = 60.0
+WORKER_STOP_TIMEOUT = 20.0
+
+
+def database_url() -> str:
+    """The URL of the test database, as the worker processes must open it."""
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+class Worker:
+    def __init__(self, process: subprocess.Popen, log: Path, name: str) -> None:
+        self.process, self.log, self.name = process, log, name
+
+    def pool_pids(self) -> list[int]:
+        """The prefork pool's child processes (the ones that run tasks)."""
+        out = subprocess.run(
+            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)], capture_output=True, text=True
+        ).stdout
+        return [int(pid) for pid in out.split()]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(WORKER_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture
+def start_worker(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
+    """Start `celery -A project worker` (the plain command) on the test DB and broker."""
+    from project.celery import app
+
+    app.conf.broker_url = redis_url
+    app.control.purge()  # messages left by an earlier test name rows that no longer exist
+    workers: list[Worker] = []
+
+    def start(concurrency: int = 2, **env_overrides: str) -> Worker:
+        name = f"test-{uuid.uuid4().hex[:8]}@%h"
+        log = tmp_path / f"worker-{len(workers)}.log"
+        env = {**_worker_env(redis_url), **env_overrides}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "project", "worker", "-c", str(concurrency),
+             "-P", "prefork", "-n", name, "-l", "INFO", "--without-gossip", "--without-mingle",
+             "--without-heartbeat", "-f", str(log)],
+            cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        worker = Worker(process, log, name)
+        workers.append(worker)
+        _wait_for_log(worker, " ready.")
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+    app.control.purge()
+
+
+@pytest.fixture
+def start_beat(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
+    """Start `celery -A project beat`, which runs the reconciler on its schedule."""
+    beats: list[Worker] = []
+
+    def start(**env_overrides: str) -> Worker:
+        log = tmp_path / "beat.log"
+        env = {**_worker_env(redis_url), **env_overrides}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "project", "beat", "-l", "INFO",
+             "-s", str(tmp_path / "beat-schedule"), "--pidfile=", "-f", str(log)],
+            cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        beat = Worker(process, log, "beat")
+        beats.append(beat)
+        _wait_for_log(beat, "beat: Starting")
+        return beat
+
+    yield start
+    for beat in beats:
+        beat.stop()
+
+
+def _worker_env(redis_url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings.test",
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": redis_url,
+    }
+
+
+def _wait_for_log(process: Worker, text: str) -> None:
+    deadline = time.monotonic() + WORKER_START_TIMEOUT
+    while text not in (process.log.read_text() if process.log.exists() else ""):
+        if process.process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{process.name} did not start:\n{process.log.read_text()[-3000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Callable[..., SandboxProcess]]:
+    started: list[SandboxProcess] = []
+
+    def start(**options) -> SandboxProcess:
+        server = start_sandbox_process(**options)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def wait_for_job(job, *, timeout: float, poll: float = 0.5):
+    """Poll until the job is completed or cancelled; return it (with timings printed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job.refresh_from_db()
+        if job.status in ("completed", "cancelled"):
+            return job
+        time.sleep(poll)
+    raise AssertionError(
+        f"job {job.pk} still {job.status} after {timeout}s: {job.succeeded} ok, "
+        f"{job.failed} failed, {job.total - job.done} left"
+    )

@@ -1,0 +1,92 @@
+"""Dispatch: a bounded window of broker messages per API, shared fairly between jobs."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+from django.contrib.auth import get_user_model
+
+from project.celery import app
+from ratejobs.dispatch import dispatch_api, dispatch_window, reconcile
+from ratejobs.models import Call, Job
+from ratejobs.services.apis import api_create
+from ratejobs.services.jobs import job_create, job_pause
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BROKER_QUEUE = "celery"
+
+
+@pytest.fixture
+def broker(redis_url):
+    app.conf.broker_url = redis_url
+    app.control.purge()
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    app.control.purge()
+    client.close()
+
+
+@pytest.fixture
+def owner():
+    return get_user_model().objects.create_user("dispatch-owner", password="x")
+
+
+def calls(n: int) -> list[dict]:
+    return [{"method": "GET", "path": f"/items/{i}"} for i in range(n)]
+
+
+def test_a_large_job_never_puts_more_than_the_window_in_the_broker(broker, owner, unique_name):
+    # given a job of 20,000 calls on an API at 50/s (a window of 100 messages) and no workers
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=50)
+    job = job_create(owner=owner, api=api, name="big", calls=calls(20_000))
+    window = dispatch_window(api)
+    # when the dispatcher runs again and again
+    for _ in range(5):
+        dispatch_api(api_id=api.pk)
+    # expect: exactly one window of call messages in the broker, the rest waiting in the DB
+    dispatched = Call.objects.filter(job=job, dispatched_at__isnull=False).count()
+    in_broker = sum(1 for m in broker.lrange(BROKER_QUEUE, 0, -1) if b"ratejobs.execute_call" in m)
+    print(f"window {window}: {dispatched} dispatched, {in_broker} call messages in the broker")
+    assert window == 100
+    assert dispatched == in_broker == window
+
+
+def test_running_jobs_share_an_api_in_proportion_to_priority(broker, owner, unique_name):
+    # given two jobs on one API, priorities 1 and 2, and room for 30 messages
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=15)
+    low = job_create(owner=owner, api=api, name="low", calls=calls(500), priority=1)
+    high = job_create(owner=owner, api=api, name="high", calls=calls(500), priority=2)
+    dispatch_api(api_id=api.pk)
+    # expect: the window split 1:2
+    shares = {
+        job.name: Call.objects.filter(job=job, dispatched_at__isnull=False).count()
+        for job in (low, high)
+    }
+    assert shares == {"low": 10, "high": 20}
+
+
+def test_a_paused_job_gives_its_place_to_the_others(broker, owner, unique_name):
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=8)
+    first = job_create(owner=owner, api=api, name="first", calls=calls(100))
+    second = job_create(owner=owner, api=api, name="second", calls=calls(100))
+    job_pause(job=first)
+    dispatch_api(api_id=api.pk)
+    assert not Call.objects.filter(job=first, dispatched_at__isnull=False).exists()
+    assert Call.objects.filter(job=second, dispatched_at__isnull=False).count() == 16
+
+
+def test_reconciler_redispatches_calls_whose_message_was_lost(broker, owner, unique_name, settings):
+    # given a dispatched window whose messages vanished (Redis restarted without persistence)
+    settings.RATEJOBS_STALE_DISPATCH_SECONDS = 0
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=8)
+    job = job_create(owner=owner, api=api, name="lost", calls=calls(40))
+    dispatch_api(api_id=api.pk)
+    broker.delete(BROKER_QUEUE)
+    # when the reconciler runs
+    result = reconcile()
+    # expect: the lost calls are dispatched again, with their messages back in the broker
+    assert result.redispatched == 16
+    assert Call.objects.filter(job=job, dispatched_at__isnull=False).count() == 16
+    assert broker.llen(BROKER_QUEUE) >= 16
+    assert Job.objects.get(pk=job.pk).status == "running"

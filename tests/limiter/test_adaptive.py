@@ -1,0 +1,73 @@
+"""Adaptive rate: one cut per burst of 429s, recovery towards the ceiling, a floor, shared."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from ratejobs.limiter import Limiter, LimiterConfig
+
+
+def test_burst_of_429s_counts_as_one_decrease(make_limiter):
+    # given ten requests granted together, all answered 429
+    limiter = make_limiter(LimiterConfig(rate=100, burst=10, adaptive=True))
+    grants = [limiter.acquire() for _ in range(10)]
+    reports = [limiter.report_throttle(g) for g in grants]
+    # expect: only the first report cuts the rate (x0.7); the rest are ignored
+    assert [r.accepted for r in reports] == [True] + [False] * 9
+    assert reports[0].rate_after == pytest.approx(70, rel=1e-3)
+    assert limiter.state().current_rate == pytest.approx(70, rel=1e-2)
+
+
+def test_a_throttle_after_the_decrease_cuts_again(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100, burst=10, adaptive=True))
+    limiter.report_throttle(limiter.acquire())
+    later = limiter.acquire()
+    second = limiter.report_throttle(later)
+    assert second.accepted
+    assert second.rate_after == pytest.approx(49, rel=1e-2)
+
+
+def test_decrease_is_shared_by_every_limiter_instance(make_limiter, redis_client):
+    # given two workers' limiters on the same API; one of them sees the 429
+    first = make_limiter(LimiterConfig(rate=100, burst=1, adaptive=True))
+    other = Limiter(redis_client, first.name)
+    first.report_throttle(first.acquire())
+    # expect: the other's next grants are spaced at the cut rate (1/70 s, not 1/100 s)
+    a, b = other.acquire(), other.acquire()
+    assert b.slot_us - a.slot_us >= 1_000_000 / 70.5
+
+
+def test_rate_recovers_to_the_ceiling_after_sustained_success(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100, burst=5, adaptive=True, recovery_seconds=0.3))
+    limiter.report_throttle(limiter.acquire())
+    assert limiter.state().current_rate < 75
+    time.sleep(0.4)
+    # CUBIC is back at the rate before the cut after recovery_seconds, capped at the ceiling
+    assert limiter.state().current_rate == pytest.approx(100)
+
+
+def test_rate_never_drops_below_the_floor(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100, burst=1, adaptive=True, min_rate=40))
+    for _ in range(6):
+        limiter.report_throttle(None)
+    assert limiter.state().current_rate == pytest.approx(40)
+
+
+def test_without_adaptive_a_throttle_keeps_the_rate(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100, burst=1))
+    feedback = limiter.report_throttle(limiter.acquire(), block_seconds=0.01)
+    assert feedback.accepted
+    assert feedback.rate_after == feedback.rate_before == 100
+
+
+def test_a_throttle_below_the_last_peak_lowers_the_target_of_the_climb(make_limiter):
+    # given a cut at 100/s, then another throttle while still at 70/s (below the last peak)
+    limiter = make_limiter(LimiterConfig(rate=100, burst=10, adaptive=True, recovery_seconds=0.3))
+    limiter.report_throttle(limiter.acquire())
+    second = limiter.report_throttle(limiter.acquire())
+    assert second.rate_after == pytest.approx(49, rel=1e-2)
+    time.sleep(0.32)
+    # expect: the climb levels out between the two peaks (70 * 0.85), not back at 100
+    assert limiter.state().current_rate == pytest.approx(59.5, rel=2e-2)

@@ -1,0 +1,65 @@
+"""Instant global back-off: after block(), no caller anywhere is granted until it ends."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from ratejobs.limiter import LimiterConfig
+from tests.limiter.workers import take_grants_until
+
+PROCESSES = 8
+
+
+def test_block_stops_a_caller_already_holding_a_future_slot(make_limiter, redis_client):
+    # given 2/s: the first grant is immediate, the second caller holds a slot 500 ms away
+    limiter = make_limiter(LimiterConfig(rate=2, burst=1))
+    first = limiter.acquire()
+    holder: dict = {}
+    waiter = threading.Thread(target=lambda: holder.update(grant=limiter.acquire()))
+    waiter.start()
+    time.sleep(0.1)
+    assert limiter.state().next_free_us > first.slot_us + 500_000 - 1  # the slot is reserved
+    # when a 429 elsewhere blocks the limiter for 1.5 s
+    block = limiter.block(1.5)
+    waiter.join(10)
+    # expect: the holder was not granted at its old slot but only after the block
+    assert holder["grant"].granted_us >= block.blocked_until_us
+    assert holder["grant"].slot_us >= block.blocked_until_us
+
+
+def test_block_stops_every_process_until_it_ends(make_limiter, redis_url, spawn):
+    # given 8 processes pacing at 50/s, so most of them hold a reserved future slot
+    limiter = make_limiter(LimiterConfig(rate=50, burst=2))
+    barrier, results = spawn.Barrier(PROCESSES + 1), spawn.Queue()
+    procs = [
+        spawn.Process(
+            target=take_grants_until, args=(redis_url, limiter.name, 2.5, barrier, results)
+        )
+        for _ in range(PROCESSES)
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    time.sleep(0.7)
+    # when one worker records a 429 with Retry-After: 1
+    block = limiter.block(1.0)
+    reports = [results.get(timeout=60) for _ in range(PROCESSES)]
+    for p in procs:
+        p.join(10)
+    granted = [g for _, grants, _ in reports for g in grants]
+    inside = [g for g in granted if block.now_us <= g[1] < block.blocked_until_us]
+    before = [g for g in granted if g[1] < block.now_us]
+    after = [g for g in granted if g[1] >= block.blocked_until_us]
+    print(f"grants before/inside/after the block: {len(before)}/{len(inside)}/{len(after)}")
+    # expect: zero grants inside the block, and work going on both before and after it
+    assert inside == []
+    assert before and after
+
+
+def test_block_never_shortens_a_longer_block(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=10))
+    long = limiter.block(5)
+    short = limiter.block(1)
+    assert short.blocked_until_us == long.blocked_until_us
+    assert limiter.state().blocked_for > 4

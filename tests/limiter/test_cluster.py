@@ -1,0 +1,54 @@
+"""The limiter runs unchanged on Redis Cluster: every script touches keys of one hash slot."""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from redis.cluster import RedisCluster
+
+from ratejobs.devredis import free_port, start_private_redis
+from ratejobs.limiter import Limiter, LimiterConfig
+
+SLOTS = 16384
+# A cluster node also listens on its port + 10000 (the cluster bus).
+HIGHEST_CLUSTER_PORT = 55535
+
+
+def cluster_port() -> int:
+    while (port := free_port()) > HIGHEST_CLUSTER_PORT:
+        pass
+    return port
+
+
+def test_limiter_works_on_a_cluster_client():
+    # given a one-node cluster owning every slot: cross-slot commands fail there exactly as on
+    # a large cluster, so any script touching keys of two slots would fail
+    server = start_private_redis(
+        extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
+        port=cluster_port(),
+    )
+    try:
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("CLUSTER", "ADDSLOTS", *range(SLOTS))
+        deadline = time.monotonic() + 10
+        while admin.cluster("info")["cluster_state"] != "ok":
+            assert time.monotonic() < deadline, "cluster did not come up"
+            time.sleep(0.05)
+        client = RedisCluster.from_url(server.url)
+        limiter = Limiter(client, "on-cluster", LimiterConfig(rate=100, burst=2, max_concurrency=1))
+        # expect: every operation works, including the wait for a freed lease
+        first = limiter.acquire()
+        limiter.release(first)
+        second = limiter.acquire()
+        limiter.release(second)
+        assert second.slot_us - first.slot_us <= 10_000
+        assert limiter.block(0.05).blocked_for > 0
+        assert limiter.report_throttle(second).accepted
+        held = limiter.acquire()
+        assert limiter.state().in_flight == 1
+        limiter.release(held)
+        limiter.reset()
+        client.close()
+    finally:
+        server.stop()

@@ -1,0 +1,52 @@
+"""Header hints reach the limiter: a used-up quota blocks before any 429; a 429 blocks and
+counts as a throttle."""
+
+from __future__ import annotations
+
+import time
+from email.utils import formatdate
+
+import pytest
+
+from ratejobs.limiter import LimiterConfig, WaitTooLong
+
+
+def test_used_up_quota_blocks_everyone_until_reset_before_any_429(make_limiter):
+    # given a 200 whose GitHub-style headers say the quota is spent until 2 s from now
+    limiter = make_limiter(LimiterConfig(rate=100))
+    grant = limiter.acquire()
+    now = time.time()
+    headers = {
+        "X-RateLimit-Limit": "60",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": str(int(now) + 3),
+        "Date": formatdate(now, usegmt=True),
+    }
+    feedback = limiter.observe(grant, 200, headers)
+    # expect: a block to the reset, not a throttle; the next caller is told to come back then
+    assert feedback is not None and not feedback.accepted
+    assert 1.5 < feedback.blocked_for <= 3.5
+    with pytest.raises(WaitTooLong) as waited:
+        limiter.acquire(max_wait=0.2)
+    assert waited.value.retry_after > 1.0
+
+
+def test_429_with_retry_after_blocks_for_it_and_counts_as_throttle(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100, adaptive=True))
+    grant = limiter.acquire()
+    feedback = limiter.observe(grant, 429, {"Retry-After": "4"})
+    assert feedback.accepted and feedback.rate_decreased
+    assert 3.5 < feedback.blocked_for <= 4.0
+
+
+def test_429_without_hints_still_blocks_briefly(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100))
+    feedback = limiter.observe(limiter.acquire(), 429, {}, default_block=0.75)
+    assert 0.5 < feedback.blocked_for <= 0.75
+
+
+def test_response_with_quota_left_changes_nothing(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100))
+    headers = {"X-RateLimit-Remaining": "10", "X-RateLimit-Reset": "30"}
+    assert limiter.observe(limiter.acquire(), 200, headers) is None
+    assert limiter.state().blocked_for == 0

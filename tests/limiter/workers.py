@@ -1,0 +1,47 @@
+"""Process bodies for the multi-process limiter tests (importable, so spawn can run them)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from ratejobs.limiter import Limiter
+
+
+def take_grants(
+    redis_url: str, name: str, count: int, weight: int, barrier, results, hold: float = 0.0
+) -> None:
+    """Take `count` grants one after another; report (slot_us, granted_us, weight, generation)."""
+    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    barrier.wait()
+    grants = []
+    for _ in range(count):
+        grant = limiter.acquire(weight)
+        if hold:
+            time.sleep(hold)
+        limiter.release(grant)
+        grants.append((grant.slot_us, grant.granted_us, grant.weight, grant.generation))
+    results.put((os.getpid(), grants, limiter.round_trips))
+
+
+def take_grants_until(redis_url: str, name: str, seconds: float, barrier, results) -> None:
+    """Take grants for `seconds`; report (slot_us, granted_us) of each."""
+    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    barrier.wait()
+    deadline = time.monotonic() + seconds
+    grants = []
+    while time.monotonic() < deadline:
+        grant = limiter.acquire()
+        limiter.release(grant)
+        grants.append((grant.slot_us, grant.granted_us))
+    results.put((os.getpid(), grants, limiter.round_trips))
+
+
+def hold_lease_and_die(redis_url: str, name: str, lease_seconds: float, ready) -> None:
+    """Take a lease and die without releasing it, as a worker killed with -9 does."""
+    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    limiter.acquire(lease_seconds=lease_seconds)
+    ready.set()
+    time.sleep(3600)
