@@ -21,7 +21,6 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import environ
 import redis
 
 from ratejobs import devredis
+from ratejobs.processes import stop_process_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CALLS = 10_000
@@ -134,13 +134,7 @@ class Worker:
 
     def stop(self) -> None:
         """SIGTERM to the whole process group (the pool's children too): a warm shutdown."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(WORKER_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_group(self.process, WORKER_STOP_TIMEOUT)
 
 
 class PeakSampler:

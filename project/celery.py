@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, Task
+from celery.signals import task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.base")
 
 app = Celery("project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def close_old_database_connections(task: Task | None = None, **_: Any) -> None:
+    """What Django does around each request: drop connections that broke or outlived
+    CONN_MAX_AGE, keep the rest (CELERY_DB_REUSE_MAX stops the fixup closing them all)."""
+    if task is not None and getattr(task.request, "is_eager", False):
+        return
+    from django.db import close_old_connections
+
+    close_old_connections()

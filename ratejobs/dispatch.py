@@ -160,6 +160,7 @@ def schedule_wakeup(api_id: int, next_due: datetime | None) -> None:
 class ReconcileResult:
     redispatched: int  # in the broker too long: their message was lost
     recovered: int  # running on a worker that died
+    cancelled: int  # recovered, but their job had been cancelled meanwhile
     completed_jobs: int
     apis: int
 
@@ -171,7 +172,7 @@ def reconcile() -> ReconcileResult:
     A call running on a process that died is recovered at once when that process was on this
     host, else when its claim expires."""
     from ratejobs.services.calls import claim_owner_is_dead
-    from ratejobs.services.jobs import job_complete_if_done
+    from ratejobs.services.jobs import job_cancel_leftovers, job_complete_if_done
 
     now = timezone.now()
     stale = now - timedelta(seconds=settings.RATEJOBS_STALE_DISPATCH_SECONDS)
@@ -194,6 +195,7 @@ def reconcile() -> ReconcileResult:
         claim_owner="",
         running_until=None,
     )
+    leftovers = job_cancel_leftovers()
     completed = sum(
         job_complete_if_done(job_id=job_id)
         for job_id in Job.objects.filter(status=Job.Status.RUNNING).values_list("pk", flat=True)
@@ -203,10 +205,12 @@ def reconcile() -> ReconcileResult:
     )
     for api_id in api_ids:
         schedule_wakeup(api_id, dispatch_api(api_id=api_id).next_due)
-    if redispatched or recovered:
+    if redispatched or recovered or leftovers:
         logger.info(
-            "reconciler: %d calls re-dispatched, %d recovered from dead workers",
+            "reconciler: %d calls re-dispatched, %d recovered from dead workers, "
+            "%d left in cancelled jobs cancelled",
             redispatched,
             recovered,
+            leftovers,
         )
-    return ReconcileResult(redispatched, recovered, completed, len(api_ids))
+    return ReconcileResult(redispatched, recovered, leftovers, completed, len(api_ids))

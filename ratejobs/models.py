@@ -180,6 +180,12 @@ class Call(models.Model):
                 condition=Q(status="pending", dispatched_at__isnull=True),
                 name="call_undispatched",
             ),
+            # a job's pace and timeline: calls finished in a time range
+            models.Index(
+                fields=["job", "finished"],
+                condition=Q(finished__isnull=False),
+                name="call_job_finished",
+            ),
             # what the reconciler looks for: calls in the broker or running
             models.Index(
                 fields=["dispatched_at"],

@@ -30,6 +30,7 @@ def reconcile() -> dict[str, int]:
     return {
         "redispatched": result.redispatched,
         "recovered": result.recovered,
+        "cancelled": result.cancelled,
         "completed_jobs": result.completed_jobs,
         "apis": result.apis,
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from kombu import Queue
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -69,6 +70,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         transaction_mode="IMMEDIATE",
         init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
     )
+# Connections are kept between requests and tasks and checked before reuse.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -111,6 +115,19 @@ CELERY_WORKER_SEND_TASK_EVENTS = True
 # A task makes one outbound call (plus its wait for the limiter); minutes means it is stuck.
 CELERY_TASK_SOFT_TIME_LIMIT = 5 * 60
 CELERY_TASK_TIME_LIMIT = CELERY_TASK_SOFT_TIME_LIMIT + 60
+# Dispatch and reconcile tasks have their own queue: behind a window of call messages in the
+# default queue they would wait seconds and the window would run dry. A worker started with
+# the plain `celery -A project worker` consumes every queue listed here.
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = [Queue("celery"), Queue("ratejobs.control")]
+CELERY_TASK_ROUTES = {
+    "ratejobs.dispatch": {"queue": "ratejobs.control"},
+    "ratejobs.reconcile": {"queue": "ratejobs.control"},
+}
+# Celery's Django fixup closes the database connection around every task unless this is set;
+# project/celery.py closes unusable and old connections around each task instead, as Django
+# does per request (CONN_MAX_AGE, CONN_HEALTH_CHECKS).
+CELERY_DB_REUSE_MAX = 1_000_000
 # Redis hands an unacknowledged task to another worker after this long. It must exceed the
 # hard time limit and the longest countdown we schedule (Retry-After), or tasks run twice.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 60 * 60}

@@ -5,11 +5,9 @@ anyone else's); staff see every job."""
 from __future__ import annotations
 
 import base64
-import codecs
 import re
 from typing import Any
 
-from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -31,9 +29,10 @@ from ratejobs.selectors.jobs import (
     job_get_by_idempotency_key,
     job_get_for_user,
     job_list_for_user,
+    response_body_text,
     throttle_event_list_for_job,
 )
-from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume, job_retry_failed
+from ratejobs.services.jobs import JobActionRefused, job_act, job_create
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Printable ASCII, as long as the column holding it.
@@ -105,17 +104,6 @@ class StatusFilterSerializer(serializers.Serializer):
     def __init__(self, *args: Any, choices: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["status"] = serializers.ChoiceField(choices=choices, required=False)
-
-
-def response_body_text(body: bytes | memoryview | None, *, truncated: bool) -> str | None:
-    """The stored response body as text if it is UTF-8 (a truncated body may end inside a
-    character: that tail is dropped), else None."""
-    if body is None:
-        return None
-    try:
-        return codecs.getincrementaldecoder("utf-8")().decode(bytes(body), final=not truncated)
-    except UnicodeDecodeError:
-        return None
 
 
 class CallOutputSerializer(serializers.Serializer):
@@ -285,6 +273,8 @@ class _JobActionView(APIView):
     """POST with no body: 200 with the job afterwards, 404 for a job you may not see, 409
     (with the job's `status`) when the action makes no sense in the job's current status."""
 
+    action_name = ""
+
     @extend_schema(
         request=None,
         responses={
@@ -294,61 +284,36 @@ class _JobActionView(APIView):
     )
     def post(self, request: Request, job_id: int) -> Response:
         job = job_get_for_user(request.user, job_id)
-        return Response(JobOutputSerializer(self.act(job)).data)
-
-    def act(self, job: Job) -> Job:
-        raise NotImplementedError
+        try:
+            job = job_act(job=job, action=self.action_name)
+        except JobActionRefused as exc:
+            raise _conflict(exc.job, str(exc)) from exc
+        return Response(JobOutputSerializer(job).data)
 
 
 class JobPauseView(_JobActionView):
     """Pause a queued or running job: nothing more is sent until it is resumed (calls already
     being sent finish). 409 when the job is already paused, cancelled or completed."""
 
-    def act(self, job: Job) -> Job:
-        if job.status not in Job.ACTIVE:
-            raise _conflict(job, f"Cannot pause a {job.status} job; only queued or running jobs.")
-        job = job_pause(job=job)
-        if job.status != Job.Status.PAUSED:  # it finished or was cancelled meanwhile
-            raise _conflict(job, f"Cannot pause a {job.status} job.")
-        return job
+    action_name = "pause"
 
 
 class JobResumeView(_JobActionView):
     """Resume a paused job. 409 for any other status (queued, running, cancelled,
     completed)."""
 
-    def act(self, job: Job) -> Job:
-        if job.status != Job.Status.PAUSED:
-            raise _conflict(job, f"Cannot resume a {job.status} job; only paused jobs.")
-        job = job_resume(job=job)
-        if job.status != Job.Status.RUNNING:
-            raise _conflict(job, f"Cannot resume a {job.status} job.")
-        return job
+    action_name = "resume"
 
 
 class JobCancelView(_JobActionView):
     """Cancel a queued, running or paused job: its calls not yet started are cancelled, calls
     being sent finish and are recorded. 409 when it is already cancelled or completed."""
 
-    def act(self, job: Job) -> Job:
-        if job.status in (Job.Status.CANCELLED, Job.Status.COMPLETED):
-            raise _conflict(job, f"Cannot cancel a {job.status} job.")
-        job = job_cancel(job=job)
-        if job.status != Job.Status.CANCELLED:
-            raise _conflict(job, f"Cannot cancel a {job.status} job.")
-        return job
+    action_name = "cancel"
 
 
 class JobRetryFailedView(_JobActionView):
     """Send the job's failed calls again, with fresh attempts: a completed job runs again, a
     paused one stays paused. 409 when the job is cancelled or has no failed calls."""
 
-    def act(self, job: Job) -> Job:
-        if job.status == Job.Status.CANCELLED:
-            raise _conflict(job, "Cannot retry a cancelled job.")
-        if not job.failed:
-            raise _conflict(job, "The job has no failed calls to retry.")
-        try:
-            return job_retry_failed(job=job)
-        except DjangoValidationError as exc:  # cancelled meanwhile
-            raise _conflict(job, " ".join(exc.messages)) from exc
+    action_name = "retry-failed"

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import codecs
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
+from django.db.models.functions import Trunc
 from django.http import Http404
+from django.utils import timezone
 
 from ratejobs.models import Call, Job, ThrottleEvent
 
@@ -45,3 +52,123 @@ def call_list_for_job(job: Job, status: str | None = None) -> QuerySet[Call]:
 
 def throttle_event_list_for_job(job: Job) -> QuerySet[ThrottleEvent]:
     return ThrottleEvent.objects.filter(job=job).order_by("-created", "-pk")
+
+
+# A job's pace is measured over this many seconds of finished calls.
+PACE_WINDOW_SECONDS = 60.0
+# Calls that reached the API (cancelled ones finish too, all at once, without being sent).
+SENT_STATUSES = (Call.Status.SUCCEEDED, Call.Status.FAILED)
+
+
+def job_paces(jobs: Iterable[Job]) -> dict[int, float]:
+    """Calls/s each job finished over the last minute (or since it started, if later), in
+    one query for the whole page of jobs."""
+    now = timezone.now()
+    cutoff = now - timedelta(seconds=PACE_WINDOW_SECONDS)
+    windows = {
+        job.pk: min(PACE_WINDOW_SECONDS, max((now - job.started).total_seconds(), 1.0))
+        for job in jobs
+        if job.started is not None
+    }
+    if not windows:
+        return {}
+    counts = (
+        Call.objects.filter(
+            job_id__in=list(windows), finished__gte=cutoff, status__in=SENT_STATUSES
+        )
+        .values("job_id")
+        .annotate(finished_calls=Count("pk"))
+        .order_by()
+    )
+    paces = dict.fromkeys(windows, 0.0)
+    for row in counts:
+        paces[row["job_id"]] = row["finished_calls"] / windows[row["job_id"]]
+    return paces
+
+
+def job_eta_seconds(job: Job, pace: float) -> float | None:
+    """Seconds until a running job is done at its pace, never faster than its API allows;
+    None when the job is not moving by itself (paused, cancelled, completed)."""
+    if job.status not in Job.ACTIVE:
+        return None
+    remaining = job.total - job.done
+    if remaining <= 0:
+        return 0.0
+    limit = job.api.rate / job.api.period
+    speed = min(pace, limit) if pace > 0 else limit
+    return remaining / speed
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Calls/s and 429s of a job in equal buckets from its start."""
+
+    start: datetime
+    bucket_seconds: int
+    calls_per_second: list[float]
+    throttled: list[int]
+    limit_per_second: float
+
+
+def job_timeline(job: Job, max_buckets: int = 60) -> Timeline | None:
+    """The job's calls/s and 429s over its run, grouped in the database (one row per second,
+    minute or hour) and then into at most `max_buckets` buckets; None before it starts."""
+    if job.started is None:
+        return None
+    end = job.finished or timezone.now()
+    span = max((end - job.started).total_seconds(), 1.0)
+    kind, unit = (
+        ("second", 1) if span <= 900 else ("minute", 60) if span <= 54_000 else ("hour", 3600)
+    )
+    bucket = max(unit, math.ceil(span / max_buckets / unit) * unit)
+    start = job.started.replace(microsecond=0)
+    if unit >= 60:
+        start = start.replace(second=0)
+    if unit >= 3600:
+        start = start.replace(minute=0)
+    buckets = max(1, math.ceil(((end - start).total_seconds() + 1) / bucket))
+    calls = [0] * buckets
+    throttled = [0] * buckets
+    for rows, series in (
+        (
+            Call.objects.filter(job=job, finished__isnull=False, status__in=SENT_STATUSES)
+            .annotate(at=Trunc("finished", kind))
+            .values("at"),
+            calls,
+        ),
+        (
+            ThrottleEvent.objects.filter(job=job, kind=ThrottleEvent.Kind.THROTTLED)
+            .annotate(at=Trunc("created", kind))
+            .values("at"),
+            throttled,
+        ),
+    ):
+        for row in rows.annotate(n=Count("pk")).order_by():
+            index = int((row["at"] - start).total_seconds() // bucket)
+            series[min(max(index, 0), buckets - 1)] += row["n"]
+    return Timeline(
+        start=start,
+        bucket_seconds=bucket,
+        calls_per_second=[n / bucket for n in calls],
+        throttled=throttled,
+        limit_per_second=job.api.rate / job.api.period,
+    )
+
+
+def failed_call_sample(job: Job, size: int = 10) -> QuerySet[Call]:
+    return (
+        Call.objects.filter(job=job, status=Call.Status.FAILED)
+        .defer("json", "body", "claim_token", "claim_owner")
+        .order_by("index")[:size]
+    )
+
+
+def response_body_text(body: bytes | memoryview | None, *, truncated: bool) -> str | None:
+    """The stored response body as text if it is UTF-8 (a truncated body may end inside a
+    character: that tail is dropped), else None."""
+    if body is None:
+        return None
+    try:
+        return codecs.getincrementaldecoder("utf-8")().decode(bytes(body), final=not truncated)
+    except UnicodeDecodeError:
+        return None

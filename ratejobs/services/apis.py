@@ -13,7 +13,7 @@ from django.db import transaction
 from ratejobs.credentials import encrypt_secret
 from ratejobs.execution.urls import validate_base_url
 from ratejobs.limiter import Feedback, Limiter
-from ratejobs.models import Api
+from ratejobs.models import Api, ThrottleEvent
 
 # Limits the REST API and the admin may change on a live API.
 EDITABLE_FIELDS = (
@@ -106,7 +106,10 @@ def api_update(*, api: Api, credential: str | None = None, **fields: Any) -> Api
 
 
 def api_block(*, api: Api, seconds: float) -> Feedback:
-    return api_limiter(api).block(seconds)
+    """Stop every worker calling the API for `seconds` (an operator's decision, recorded)."""
+    feedback = api_limiter(api).block(seconds)
+    ThrottleEvent.objects.create(api=api, kind=ThrottleEvent.Kind.BLOCKED, retry_after=seconds)
+    return feedback
 
 
 def api_limiter_reset(*, api: Api) -> None:

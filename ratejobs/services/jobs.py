@@ -110,9 +110,12 @@ def job_create(
     priority: int = 1,
     idempotency_key: str | None = None,
 ) -> Job:
-    """Store a job and all its calls, or nothing: every call is validated before any is saved.
+    """Store a job and all its calls, or nothing: one transaction, rolled back on the first
+    invalid call (after collecting a few more errors) or when `calls` itself raises.
 
-    With an idempotency key, a retry of the same request returns the job made the first time.
+    `calls` is consumed once and stored in batches, so an upload of a million rows never sits
+    in memory whole. With an idempotency key, a retry of the same request returns the job made
+    the first time.
     """
     if idempotency_key:
         existing = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
@@ -120,40 +123,52 @@ def job_create(
             return existing
     job = Job(owner=owner, api=api, name=name, priority=priority, idempotency_key=idempotency_key)
     job.full_clean(exclude=["owner", "api", "idempotency_key"])
-    rows, errors = [], {}
-    for index, spec in enumerate(calls):
-        if index >= settings.RATEJOBS_MAX_CALLS_PER_REQUEST:
-            raise ValidationError(
-                {"calls": f"at most {settings.RATEJOBS_MAX_CALLS_PER_REQUEST} calls per job"}
-            )
-        try:
-            rows.append(call_fields_from_spec(api=api, spec=spec))
-        except ValidationError as exc:
-            errors[index] = (
-                exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.messages}
-            )
-            if len(errors) >= 20:  # enough to fix a systematic mistake without a huge reply
-                break
-    if errors:
-        raise CallsInvalid(errors)
-    if not rows:
-        raise ValidationError({"calls": "a job needs at least one call"})
     try:
         with transaction.atomic():
-            job.total = len(rows)
             job.dispatch_pass = _lowest_active_pass(api.pk)
             job.save()
-            for start in range(0, len(rows), BULK_BATCH):
-                Call.objects.bulk_create(
-                    Call(job=job, index=start + i, **fields)
-                    for i, fields in enumerate(rows[start : start + BULK_BATCH])
-                )
+            job.total = _store_calls(job, calls)
+            Job.objects.filter(pk=job.pk).update(total=job.total)
             transaction.on_commit(lambda: request_dispatch(api.pk))
     except IntegrityError:
         if idempotency_key:  # a concurrent request with the same key won the race
             return Job.objects.get(owner=owner, idempotency_key=idempotency_key)
         raise
     return job
+
+
+def _store_calls(job: Job, calls: Iterable[Any]) -> int:
+    """Validate and insert the calls in batches; raise (and store nothing) if any is bad."""
+    batch: list[Call] = []
+    errors: dict[int, dict[str, list[str]]] = {}
+    total = 0
+    for index, spec in enumerate(calls):
+        if index >= settings.RATEJOBS_MAX_CALLS_PER_REQUEST:
+            raise ValidationError(
+                {"calls": f"at most {settings.RATEJOBS_MAX_CALLS_PER_REQUEST} calls per job"}
+            )
+        total = index + 1
+        try:
+            fields = call_fields_from_spec(api=job.api, spec=spec)
+        except ValidationError as exc:
+            errors[index] = (
+                exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.messages}
+            )
+            if len(errors) >= 20:  # enough to fix a systematic mistake without a huge reply
+                break
+            continue
+        if errors:
+            continue  # nothing more is stored; the rest is only checked
+        batch.append(Call(job=job, index=index, **fields))
+        if len(batch) >= BULK_BATCH:
+            Call.objects.bulk_create(batch)
+            batch = []
+    if errors:
+        raise CallsInvalid(errors)
+    if not total:
+        raise ValidationError({"calls": "a job needs at least one call"})
+    Call.objects.bulk_create(batch)
+    return total
 
 
 def job_complete_if_done(*, job_id: int) -> bool:
@@ -196,14 +211,36 @@ def job_cancel(*, job: Job) -> Job:
     locked = Job.objects.select_for_update().get(pk=job.pk)
     if locked.status in (Job.Status.CANCELLED, Job.Status.COMPLETED):
         return locked
-    cancelled = locked.calls.filter(status=Call.Status.PENDING).update(
-        status=Call.Status.CANCELLED, finished=now, dispatched_at=None
-    )
-    Job.objects.filter(pk=job.pk).update(
-        status=Job.Status.CANCELLED, cancelled=F("cancelled") + cancelled, finished=now
-    )
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.CANCELLED, finished=now)
+    _cancel_pending_calls(job_id=job.pk, now=now)
     locked.refresh_from_db()
     return locked
+
+
+def job_cancel_leftovers() -> int:
+    """Cancel calls that became pending again in a cancelled job (taken back from a worker
+    that died mid-call) so that every call of the job is final; returns how many."""
+    leftovers = 0
+    job_ids = (
+        Job.objects.filter(status=Job.Status.CANCELLED, calls__status=Call.Status.PENDING)
+        .values_list("pk", flat=True)
+        .distinct()
+    )
+    for job_id in list(job_ids):
+        with transaction.atomic():
+            Job.objects.select_for_update().filter(pk=job_id).values_list("pk").first()
+            leftovers += _cancel_pending_calls(job_id=job_id, now=timezone.now())
+    return leftovers
+
+
+def _cancel_pending_calls(*, job_id: int, now) -> int:
+    """Cancel and count the job's pending calls; the caller holds the job's row lock."""
+    cancelled = Call.objects.filter(job_id=job_id, status=Call.Status.PENDING).update(
+        status=Call.Status.CANCELLED, finished=now, dispatched_at=None, next_attempt_at=None
+    )
+    if cancelled:
+        Job.objects.filter(pk=job_id).update(cancelled=F("cancelled") + cancelled)
+    return cancelled
 
 
 @transaction.atomic
@@ -243,3 +280,78 @@ def _lowest_active_pass(api_id: int) -> float:
         lowest=Min("dispatch_pass")
     )["lowest"]
     return lowest or 0.0
+
+
+class JobActionRefused(Exception):
+    """The job's status rules the action out; the message says why, for a person to read."""
+
+    def __init__(self, job: Job, message: str) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+def job_action_refusal(job: Job, action: str) -> str | None:
+    """Why the job's status, as loaded, rules the action out; None when it is allowed."""
+    status = job.status
+    if action == "pause" and status not in Job.ACTIVE:
+        return f"Cannot pause a {status} job; only queued or running jobs."
+    if action == "resume" and status != Job.Status.PAUSED:
+        return f"Cannot resume a {status} job; only paused jobs."
+    if action == "cancel" and status in (Job.Status.CANCELLED, Job.Status.COMPLETED):
+        return f"Cannot cancel a {status} job."
+    if action == "retry-failed":
+        if status == Job.Status.CANCELLED:
+            return "Cannot retry a cancelled job."
+        if not job.failed:
+            return "The job has no failed calls to retry."
+    return None
+
+
+def job_actions_allowed(job: Job) -> list[str]:
+    """The JOB_ACTIONS a person may take on the job as it stands, in their usual order."""
+    return [action for action in JOB_ACTIONS if job_action_refusal(job, action) is None]
+
+
+def _pause(job: Job) -> Job:
+    job = job_pause(job=job)
+    if job.status != Job.Status.PAUSED:  # it finished or was cancelled meanwhile
+        raise JobActionRefused(job, f"Cannot pause a {job.status} job.")
+    return job
+
+
+def _resume(job: Job) -> Job:
+    job = job_resume(job=job)
+    if job.status != Job.Status.RUNNING:
+        raise JobActionRefused(job, f"Cannot resume a {job.status} job.")
+    return job
+
+
+def _cancel(job: Job) -> Job:
+    job = job_cancel(job=job)
+    if job.status != Job.Status.CANCELLED:
+        raise JobActionRefused(job, f"Cannot cancel a {job.status} job.")
+    return job
+
+
+def _retry_failed(job: Job) -> Job:
+    try:
+        return job_retry_failed(job=job)
+    except ValidationError as exc:  # cancelled meanwhile
+        raise JobActionRefused(job, " ".join(exc.messages)) from exc
+
+
+# What people may do to a job, by the name the REST API and the admin use.
+JOB_ACTIONS = {
+    "pause": _pause,
+    "resume": _resume,
+    "cancel": _cancel,
+    "retry-failed": _retry_failed,
+}
+
+
+def job_act(*, job: Job, action: str) -> Job:
+    """Apply one of JOB_ACTIONS; JobActionRefused when the job's status rules it out."""
+    refusal = job_action_refusal(job, action)
+    if refusal is not None:
+        raise JobActionRefused(job, refusal)
+    return JOB_ACTIONS[action](job)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import redis
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from project.celery import app
 from ratejobs.dispatch import dispatch_api, dispatch_window, reconcile
 from ratejobs.models import Call, Job
 from ratejobs.services.apis import api_create
-from ratejobs.services.jobs import job_create, job_pause
+from ratejobs.services.jobs import job_cancel, job_create, job_pause
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,3 +91,24 @@ def test_reconciler_redispatches_calls_whose_message_was_lost(broker, owner, uni
     assert Call.objects.filter(job=job, dispatched_at__isnull=False).count() == 16
     assert broker.llen(BROKER_QUEUE) >= 16
     assert Job.objects.get(pk=job.pk).status == "running"
+
+
+def test_reconciler_cancels_a_call_taken_back_from_a_dead_worker_in_a_cancelled_job(
+    broker, owner, unique_name
+):
+    # given a cancelled job whose one running call was on a worker that died
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=8)
+    job = job_create(owner=owner, api=api, name="orphan", calls=calls(3))
+    running = Call.objects.filter(job=job).order_by("index").first()
+    Call.objects.filter(pk=running.pk).update(
+        status="running", claim_token="t", claim_owner="gone:1", running_until=timezone.now()
+    )
+    job = job_cancel(job=job)
+    assert (job.cancelled, Call.objects.get(pk=running.pk).status) == (2, "running")
+    # when the reconciler takes the call back
+    result = reconcile()
+    # expect: it is cancelled too, and the job counts every call once
+    job.refresh_from_db()
+    assert (result.recovered, result.cancelled) == (1, 1)
+    assert Call.objects.get(pk=running.pk).status == "cancelled"
+    assert (job.cancelled, job.total, job.status) == (3, 3, "cancelled")

@@ -16,7 +16,7 @@ from ratejobs.devredis import start_private_redis
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume
-from tests.jobs.conftest import wait_for_job
+from tests.realparts import wait_for_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

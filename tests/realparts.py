@@ -1,10 +1,10 @@
-"""Real parts for end-to-end job tests: Celery worker processes on the test database and the
-real broker, and sandbox API servers in their own processes."""
+"""Real parts for end-to-end tests (jobs, admin in a browser): Celery worker processes on the
+test database and the real broker, and sandbox API servers in their own processes. The root
+conftest makes these fixtures available to every test."""
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from ratejobs.processes import stop_process_group
 from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # A worker imports Django and connects to the broker in a few seconds even on a busy machine.
 WORKER_START_TIMEOUT = 60.0
 WORKER_STOP_TIMEOUT = 20.0
@@ -44,13 +45,7 @@ class Worker:
         return [int(pid) for pid in out.split()]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(WORKER_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        stop_process_group(self.process, WORKER_STOP_TIMEOUT)
 
 
 @pytest.fixture
@@ -65,13 +60,10 @@ def start_worker(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
     def start(concurrency: int = 2, **env_overrides: str) -> Worker:
         name = f"test-{uuid.uuid4().hex[:8]}@%h"
         log = tmp_path / f"worker-{len(workers)}.log"
-        env = {**_worker_env(redis_url), **env_overrides}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "project", "worker", "-c", str(concurrency),
-             "-P", "prefork", "-n", name, "-l", "INFO", "--without-gossip", "--without-mingle",
-             "--without-heartbeat", "-f", str(log)],
-            cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT, start_new_session=True,
+        process = _start_celery(
+            ["worker", "-c", str(concurrency), "-P", "prefork", "-n", name, "--without-gossip",
+             "--without-mingle", "--without-heartbeat"],
+            log, {**_worker_env(redis_url), **env_overrides},
         )  # fmt: skip
         worker = Worker(process, log, name)
         workers.append(worker)
@@ -91,12 +83,9 @@ def start_beat(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
 
     def start(**env_overrides: str) -> Worker:
         log = tmp_path / "beat.log"
-        env = {**_worker_env(redis_url), **env_overrides}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "project", "beat", "-l", "INFO",
-             "-s", str(tmp_path / "beat-schedule"), "--pidfile=", "-f", str(log)],
-            cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT, start_new_session=True,
+        process = _start_celery(
+            ["beat", "-s", str(tmp_path / "beat-schedule"), "--pidfile="],
+            log, {**_worker_env(redis_url), **env_overrides},
         )  # fmt: skip
         beat = Worker(process, log, "beat")
         beats.append(beat)
@@ -106,6 +95,15 @@ def start_beat(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
     yield start
     for beat in beats:
         beat.stop()
+
+
+def _start_celery(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    """`celery -A project <args>` in its own process group, logging at INFO to `log`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "project", *args, "-l", "INFO", "-f", str(log)],
+        cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=_console(log),
+        stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
 
 
 def _worker_env(redis_url: str) -> dict[str, str]:
@@ -118,12 +116,25 @@ def _worker_env(redis_url: str) -> dict[str, str]:
     }
 
 
+def _console(log: Path):
+    """Where a process's stdout and stderr go: what it prints before its log file opens (an
+    import error, say) is the only clue when it dies at start."""
+    return log.with_suffix(".console").open("wb")
+
+
 def _wait_for_log(process: Worker, text: str) -> None:
     deadline = time.monotonic() + WORKER_START_TIMEOUT
-    while text not in (process.log.read_text() if process.log.exists() else ""):
+    while text not in _read(process.log):
         if process.process.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{process.name} did not start:\n{process.log.read_text()[-3000:]}")
+            console = _read(process.log.with_suffix(".console"))
+            raise RuntimeError(
+                f"{process.name} did not start:\n{_read(process.log)[-3000:]}\n{console[-3000:]}"
+            )
         time.sleep(0.2)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
 
 
 @pytest.fixture

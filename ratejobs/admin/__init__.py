@@ -1,0 +1,3 @@
+"""The Django admin: where operators submit jobs and see what the rate limits did to them."""
+
+from ratejobs.admin import apis, calls, jobs  # noqa: F401  (their import registers the pages)

@@ -1,0 +1,260 @@
+"""APIs in the admin: limits edited live, the limiter's state read from Redis, secrets masked."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
+
+from ratejobs.admin.access import StaffAccess
+from ratejobs.admin.forms import ApiAdminForm
+from ratejobs.limiter import LimiterError
+from ratejobs.models import Api, ThrottleEvent
+from ratejobs.selectors.apis import LimiterReading, api_limiter_readings
+from ratejobs.services.apis import (
+    EDITABLE_FIELDS,
+    api_block,
+    api_create,
+    api_limiter_reset,
+    api_update,
+)
+
+# Longest block an operator may set by hand: a day, enough for any published quota reset.
+MAX_MANUAL_BLOCK_SECONDS = 86_400
+
+
+class ApiChangeList(ChangeList):
+    """Reads the limiter state of the page's APIs from Redis once per page."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        readings = api_limiter_readings(self.result_list)
+        for api in self.result_list:
+            api.limiter_reading = readings[api.pk]
+
+
+def credential_text(api: Api) -> str:
+    if api.credential_encrypted:
+        return "stored (encrypted)"
+    if api.credential_env:
+        return f"from the workers' environment variable {api.credential_env}"
+    return "none"
+
+
+def limiter_state_table(reading: LimiterReading) -> str:
+    """The live limiter state as the operator wants it: pace now against the ceiling, how
+    long everyone is blocked, what is in flight."""
+    if reading.state is None:
+        return format_html('<p class="rj-blocked">{}</p>', reading.error)
+    state = reading.state
+    blocked = (
+        format_html('<span class="rj-blocked">blocked for {} s</span>', f"{state.blocked_for:.1f}")
+        if state.blocked_for
+        else "not blocked"
+    )
+    rows = [
+        ("current rate", f"{state.current_rate:.3g} per {state.period:g} s"),
+        ("ceiling", f"{state.rate:.3g} per {state.period:g} s (burst {state.burst})"),
+        ("adaptive", f"yes, floor {state.min_rate:.3g}" if state.adaptive else "no"),
+        ("blocked", blocked),
+        ("next free slot in", f"{state.next_free_in:.3f} s"),
+        (
+            "in flight",
+            f"{state.in_flight} of {state.max_concurrency}"
+            if state.max_concurrency
+            else f"{state.in_flight} (no cap)",
+        ),
+        ("generation", str(state.generation)),
+    ]
+    return format_html(
+        '<table class="rj-state">{}</table>',
+        format_html(
+            "".join("<tr><th>{}</th><td>{}</td></tr>" for _ in rows),
+            *[cell for row in rows for cell in row],
+        ),
+    )
+
+
+@admin.register(Api)
+class ApiAdmin(StaffAccess, admin.ModelAdmin):
+    form = ApiAdminForm
+    change_form_template = "admin/ratejobs/api/change_form.html"
+    list_display = (
+        "name",
+        "base_url",
+        "limit_column",
+        "burst",
+        "max_concurrency",
+        "adaptive",
+        "current_rate_column",
+        "blocked_column",
+        "in_flight_column",
+        "credential_column",
+    )
+    search_fields = ("name", "base_url")
+    list_filter = ("adaptive",)
+    fieldsets = (
+        (None, {"fields": ("name", "base_url")}),
+        (
+            "Limits (take effect at the next grant)",
+            {
+                "fields": (
+                    ("rate", "period", "burst"),
+                    "max_concurrency",
+                    ("adaptive", "min_rate"),
+                )
+            },
+        ),
+        ("Calls", {"fields": ("max_attempts", "max_throttled_retries", "timeout")}),
+        (
+            "Headers and credentials",
+            {
+                "fields": (
+                    "default_headers",
+                    "auth_header",
+                    "credential_status",
+                    "credential",
+                    "clear_credential",
+                    "credential_env",
+                )
+            },
+        ),
+        ("Record", {"fields": ("created", "updated")}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Api | None = None) -> tuple:
+        fixed = ("credential_status", "created", "updated")
+        return ("name", *fixed) if obj is not None else fixed
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ApiChangeList
+
+    @admin.display(description="stored credential")
+    def credential_status(self, api: Api) -> str:
+        return credential_text(api)
+
+    @admin.display(description="credential")
+    def credential_column(self, api: Api) -> str:
+        return credential_text(api)
+
+    @admin.display(description="limit", ordering="rate")
+    def limit_column(self, api: Api) -> str:
+        return f"{api.rate:g} / {api.period:g} s"
+
+    @admin.display(description="rate now")
+    def current_rate_column(self, api: Api) -> str:
+        state = api.limiter_reading.state
+        return "?" if state is None else f"{state.current_rate:.3g}"
+
+    @admin.display(description="blocked")
+    def blocked_column(self, api: Api) -> str:
+        state = api.limiter_reading.state
+        if state is None:
+            return "?"
+        return f"{state.blocked_for:.1f} s" if state.blocked_for else "—"
+
+    @admin.display(description="in flight")
+    def in_flight_column(self, api: Api) -> str:
+        state = api.limiter_reading.state
+        return "?" if state is None else str(state.in_flight)
+
+    def save_model(self, request: HttpRequest, obj: Api, form: ApiAdminForm, change: bool) -> None:
+        """Through the services, so a new limit reaches the shared limiter at once."""
+        credential = form.cleaned_data.get("credential") or None
+        if form.cleaned_data.get("clear_credential"):
+            credential = ""
+        if change:
+            fields = {name: getattr(obj, name) for name in EDITABLE_FIELDS}
+            api_update(api=obj, credential=credential, **fields)
+        else:
+            fields = {name: getattr(obj, name) for name in ("name", *EDITABLE_FIELDS)}
+            obj.pk = api_create(credential=credential, **fields).pk
+
+    def get_urls(self) -> list:
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<int:api_id>/reset/",
+                wrap(require_POST(self.reset_view)),
+                name="ratejobs_api_reset",
+            ),
+            path(
+                "<int:api_id>/block/",
+                wrap(require_POST(self.block_view)),
+                name="ratejobs_api_block",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _api_for_action(self, request: HttpRequest, api_id: int) -> Api:
+        api = get_object_or_404(Api, pk=api_id)
+        if not self.has_change_permission(request, api):
+            raise PermissionDenied
+        return api
+
+    def _back(self, api: Api) -> HttpResponse:
+        return HttpResponseRedirect(reverse("admin:ratejobs_api_change", args=[api.pk]))
+
+    def reset_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
+        api = self._api_for_action(request, api_id)
+        try:
+            api_limiter_reset(api=api)
+        except LimiterError as exc:
+            self.message_user(request, f"Could not reset the limiter: {exc}", messages.ERROR)
+        else:
+            self.message_user(request, "Limiter reset: full rate, no block, no leases.")
+        return self._back(api)
+
+    def block_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
+        api = self._api_for_action(request, api_id)
+        try:
+            seconds = float(request.POST.get("seconds", ""))
+            if not 0 < seconds <= MAX_MANUAL_BLOCK_SECONDS:
+                raise ValueError
+        except ValueError:
+            self.message_user(
+                request,
+                f"Block for how long? Give a number of seconds from 0 to "
+                f"{MAX_MANUAL_BLOCK_SECONDS}.",
+                messages.ERROR,
+            )
+            return self._back(api)
+        try:
+            api_block(api=api, seconds=seconds)
+        except (LimiterError, ValidationError) as exc:
+            self.message_user(request, f"Could not block: {exc}", messages.ERROR)
+        else:
+            self.message_user(request, f"Every worker waits {seconds:g} s before calling {api}.")
+        return self._back(api)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
+        api = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if api is not None:
+            since = timezone.now() - timedelta(hours=1)
+            recent = ThrottleEvent.objects.filter(api=api, created__gte=since)
+            context.update(
+                limiter_state=limiter_state_table(api_limiter_readings([api])[api.pk]),
+                recent_throttles=recent.filter(kind=ThrottleEvent.Kind.THROTTLED).count(),
+                recent_events=recent.select_related("job").order_by("-created", "-pk")[:10],
+                reset_url=reverse("admin:ratejobs_api_reset", args=[api.pk]),
+                block_url=reverse("admin:ratejobs_api_block", args=[api.pk]),
+                max_block=MAX_MANUAL_BLOCK_SECONDS,
+            )
+        return super().change_view(request, object_id, form_url, extra_context=context)

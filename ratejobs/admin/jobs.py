@@ -1,0 +1,296 @@
+"""Jobs in the admin: submit one, follow its progress and pace, see its 429s, act on it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.paginator import Paginator
+from django.db.models import F, FloatField, QuerySet
+from django.db.models.functions import Cast, Greatest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.formats import date_format
+from django.utils.html import format_html
+from django.utils.timezone import localtime
+from django.views.decorators.http import require_POST
+
+from ratejobs.admin.access import StaffAccess, sees_every_job
+from ratejobs.admin.charts import timeline_svg
+from ratejobs.admin.forms import JobSubmitForm
+from ratejobs.models import Job
+from ratejobs.selectors.jobs import (
+    failed_call_sample,
+    job_eta_seconds,
+    job_paces,
+    job_timeline,
+    throttle_event_list_for_job,
+)
+from ratejobs.services.jobs import (
+    JOB_ACTIONS,
+    JobActionRefused,
+    job_act,
+    job_actions_allowed,
+    job_create,
+)
+from ratejobs.uploads import UploadError
+
+EVENTS_PER_PAGE = 20
+# What the operator reads once an action went through.
+ACTION_DONE = {
+    "pause": "paused; no new call starts until it is resumed",
+    "resume": "resumed",
+    "cancel": "cancelled; calls not yet started will not be sent",
+    "retry-failed": "failed calls queued again",
+}
+
+
+def duration_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {seconds:02d} s"
+    return f"{seconds} s"
+
+
+def moment_text(moment: datetime | None) -> str:
+    """A time as the admin shows it elsewhere (local time, the locale's format)."""
+    return "—" if moment is None else date_format(localtime(moment), "DATETIME_FORMAT")
+
+
+def progress_bar(job: Job) -> str:
+    percent = job.progress * 100
+    return format_html(
+        '<div class="rj-progress" role="progressbar" aria-valuenow="{}" aria-valuemin="0" '
+        'aria-valuemax="100" data-status="{}"><div class="rj-progress-fill" style="width: {}%">'
+        '</div><span class="rj-progress-text">{}%</span></div>',
+        f"{percent:.0f}",
+        job.status,
+        f"{percent:.1f}",
+        f"{int(percent)}",
+    )
+
+
+def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
+    """What the job page polls for while the job runs."""
+    return {
+        "id": job.pk,
+        "status": job.status,
+        "status_display": job.get_status_display(),
+        "total": job.total,
+        "done": job.done,
+        "succeeded": job.succeeded,
+        "failed": job.failed,
+        "cancelled": job.cancelled,
+        "throttled": job.throttled,
+        "retries": job.retries,
+        "progress": round(job.progress * 100, 1),
+        "pace": round(pace, 2),
+        "eta": duration_text(job_eta_seconds(job, pace)),
+        "started": moment_text(job.started),
+        "finished": moment_text(job.finished),
+        "actions": job_actions_allowed(job),
+        "final": job.status in (Job.Status.CANCELLED, Job.Status.COMPLETED),
+    }
+
+
+class JobChangeList(ChangeList):
+    """Measures the pace of the page's jobs in one query once the page is known, so the
+    number of queries does not grow with the rows shown."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        self.result_list = list(self.result_list)
+        paces = job_paces(self.result_list)
+        for job in self.result_list:
+            job.pace = paces.get(job.pk, 0.0)
+
+
+@admin.register(Job)
+class JobAdmin(StaffAccess, admin.ModelAdmin):
+    list_display = (
+        "name",
+        "api",
+        "owner",
+        "status",
+        "progress_column",
+        "succeeded",
+        "failed",
+        "throttled_column",
+        "pace_column",
+        "eta_column",
+        "created",
+    )
+    list_display_links = ("name",)
+    list_filter = ("status", "api", ("owner", admin.RelatedOnlyFieldListFilter))
+    search_fields = ("name", "api__name", "owner__username")
+    date_hierarchy = "created"
+    list_per_page = 100
+    show_full_result_count = False
+    ordering = ("-created",)
+    change_form_template = "admin/ratejobs/job/change_form.html"
+    # Status, counters and timings live in the progress box above, which keeps itself current.
+    readonly_fields = ("name", "api", "owner", "priority", "created")
+    fields = readonly_fields
+
+    class Media:
+        css = {"all": ("ratejobs/admin.css",)}
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        jobs = super().get_queryset(request).select_related("api", "owner")
+        if not sees_every_job(request):
+            jobs = jobs.filter(owner=request.user)
+        return jobs
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        if sees_every_job(request):
+            return self.list_filter
+        return ("status", "api")
+
+    @admin.display(
+        description="progress",
+        ordering=Cast(F("succeeded") + F("failed") + F("cancelled"), FloatField())
+        / Greatest(F("total"), 1),
+    )
+    def progress_column(self, job: Job) -> str:
+        return progress_bar(job)
+
+    @admin.display(description="429s", ordering="throttled")
+    def throttled_column(self, job: Job) -> int:
+        return job.throttled
+
+    @admin.display(description="pace")
+    def pace_column(self, job: Job) -> str:
+        pace = getattr(job, "pace", 0.0)
+        return f"{pace:.1f}/s" if job.started else "—"
+
+    @admin.display(description="ETA")
+    def eta_column(self, job: Job) -> str:
+        return duration_text(job_eta_seconds(job, getattr(job, "pace", 0.0)))
+
+    # --- submitting ---------------------------------------------------------------------
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = JobSubmitForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            job = self._submit(request, form)
+            if job is not None:
+                self.message_user(
+                    request, f"Job “{job.name}” submitted with {job.total} calls.", messages.SUCCESS
+                )
+                return HttpResponseRedirect(reverse("admin:ratejobs_job_change", args=[job.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Submit a job",
+            "form": form,
+            "opts": self.model._meta,
+            "has_view_permission": True,
+        }
+        return TemplateResponse(request, "admin/ratejobs/job/submit.html", context)
+
+    def _submit(self, request: HttpRequest, form: JobSubmitForm) -> Job | None:
+        data = form.cleaned_data
+        try:
+            return job_create(
+                owner=request.user,
+                api=data["api"],
+                name=data["name"],
+                priority=data["priority"],
+                calls=form.call_specs(),
+            )
+        except UploadError as exc:
+            form.add_error("calls_file" if data.get("calls_file") else "values", str(exc))
+        except ValidationError as exc:
+            for message in exc.messages:
+                form.add_error(None, message)
+        return None
+
+    # --- following and acting ------------------------------------------------------------
+
+    def get_urls(self) -> list:
+        wrap = self.admin_site.admin_view
+        return [
+            path(
+                "<int:job_id>/progress/",
+                wrap(self.progress_view),
+                name="ratejobs_job_progress",
+            ),
+            path(
+                "<int:job_id>/act/<str:action>/",
+                wrap(require_POST(self.action_view)),
+                name="ratejobs_job_act",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _job_for(self, request: HttpRequest, job_id: int) -> Job:
+        return get_object_or_404(self.get_queryset(request), pk=job_id)
+
+    def progress_view(self, request: HttpRequest, job_id: int) -> JsonResponse:
+        job = self._job_for(request, job_id)
+        data = job_progress_data(job, job_paces([job]).get(job.pk, 0.0))
+        if request.GET.get("chart"):
+            data["chart"] = str(timeline_svg(job_timeline(job)))
+        return JsonResponse(data)
+
+    def action_view(self, request: HttpRequest, job_id: int, action: str) -> HttpResponse:
+        job = self._job_for(request, job_id)
+        if action not in JOB_ACTIONS or not self.has_change_permission(request, job):
+            raise PermissionDenied
+        try:
+            job = job_act(job=job, action=action)
+        except JobActionRefused as exc:
+            self.message_user(request, str(exc), messages.WARNING)
+        else:
+            self.message_user(request, f"{job}: {ACTION_DONE[action]}.")
+        return HttpResponseRedirect(reverse("admin:ratejobs_job_change", args=[job.pk]))
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict | None = None,
+    ) -> HttpResponse:
+        job = self.get_object(request, object_id)
+        # Nothing on the page is edited in place; the job changes only through its actions.
+        context = {
+            "show_save": False,
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+            **(extra_context or {}),
+        }
+        if job is not None:
+            pace = job_paces([job]).get(job.pk, 0.0)
+            job_progress = job_progress_data(job, pace)
+            events = Paginator(throttle_event_list_for_job(job), EVENTS_PER_PAGE)
+            context.update(
+                job_progress=job_progress,
+                job_progress_bar=progress_bar(job),
+                job_chart=timeline_svg(job_timeline(job)),
+                throttle_events=events.get_page(request.GET.get("events")),
+                failed_calls=failed_call_sample(job),
+                job_actions=[
+                    (name, reverse("admin:ratejobs_job_act", args=[job.pk, name]))
+                    for name in JOB_ACTIONS
+                ],
+                progress_url=reverse("admin:ratejobs_job_progress", args=[job.pk]),
+            )
+        return super().change_view(request, object_id, form_url, extra_context=context)

@@ -1,0 +1,106 @@
+"""The API page: live limiter state from Redis, reset and block, live limits, masked secrets."""
+
+from __future__ import annotations
+
+from django.urls import reverse
+
+from ratejobs.models import Api, ThrottleEvent
+from ratejobs.services.apis import api_limiter
+
+SECRET = "api-secret-credential"  # the `api` fixture's credential
+
+
+def change_url(api: Api) -> str:
+    return reverse("admin:ratejobs_api_change", args=[api.pk])
+
+
+def form_data(api: Api, **changes) -> dict:
+    data = {
+        "base_url": api.base_url,
+        "rate": api.rate,
+        "period": api.period,
+        "burst": api.burst,
+        "max_concurrency": api.max_concurrency,
+        "min_rate": "",
+        "max_attempts": api.max_attempts,
+        "max_throttled_retries": api.max_throttled_retries,
+        "timeout": api.timeout,
+        "default_headers": "{}",
+        "auth_header": api.auth_header,
+        "credential": "",
+        "credential_env": "",
+    }
+    data.update(changes)
+    return data
+
+
+def test_the_api_page_shows_the_live_limiter_state_and_never_the_secret(root_client, api):
+    html = root_client.get(change_url(api)).content.decode()
+    assert "Shared limiter, live from Redis" in html
+    assert "current rate" in html and "10 per 1 s" in html and "not blocked" in html
+    assert "stored (encrypted)" in html
+    assert SECRET not in html
+    listing = root_client.get(reverse("admin:ratejobs_api_changelist")).content.decode()
+    assert api.name in listing and SECRET not in listing and "stored (encrypted)" in listing
+
+
+def test_block_stops_every_worker_and_is_recorded_and_reset_clears_it(root_client, api):
+    response = root_client.post(
+        reverse("admin:ratejobs_api_block", args=[api.pk]), {"seconds": "30"}, follow=True
+    )
+    assert "Every worker waits 30 s" in response.content.decode()
+    assert 29 < api_limiter(api).state().blocked_for <= 30
+    assert ThrottleEvent.objects.filter(api=api, kind="blocked", retry_after=30).count() == 1
+    assert "blocked for" in root_client.get(change_url(api)).content.decode()
+    root_client.post(reverse("admin:ratejobs_api_reset", args=[api.pk]))
+    assert api_limiter(api).state().blocked_for == 0
+
+
+def test_a_block_without_a_sensible_duration_is_refused(root_client, api):
+    for seconds in ("", "-1", "abc", "1e9"):
+        response = root_client.post(
+            reverse("admin:ratejobs_api_block", args=[api.pk]), {"seconds": seconds}, follow=True
+        )
+        assert "Block for how long?" in response.content.decode()
+    assert api_limiter(api).state().blocked_for == 0
+
+
+def test_editing_the_rate_reaches_the_shared_limiter_at_once(
+    root_client, api, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = root_client.post(change_url(api), form_data(api, rate=25, burst=3))
+    assert response.status_code == 302, response.content.decode()[:2000]
+    state = api_limiter(api).state()
+    assert (state.rate, state.burst) == (25, 3)
+    api.refresh_from_db()
+    assert api.credential_encrypted  # an empty secret field keeps the stored secret
+
+
+def test_a_new_secret_is_stored_encrypted_and_can_be_removed(root_client, api):
+    root_client.post(change_url(api), form_data(api, credential="new-canary-secret"))
+    api.refresh_from_db()
+    assert api.credential_encrypted and "new-canary-secret" not in api.credential_encrypted
+    assert "new-canary-secret" not in root_client.get(change_url(api)).content.decode()
+    root_client.post(change_url(api), form_data(api, clear_credential="on"))
+    api.refresh_from_db()
+    assert api.credential_encrypted == ""
+
+
+def test_bad_limits_are_shown_on_the_form_and_nothing_changes(root_client, api):
+    response = root_client.post(change_url(api), form_data(api, rate=0, base_url="ftp://x"))
+    assert response.status_code == 200
+    assert "errornote" in response.content.decode()
+    api.refresh_from_db()
+    assert api.rate == 10.0
+
+
+def test_an_api_added_in_the_admin_configures_its_limiter(
+    root_client, unique_name, django_capture_on_commit_callbacks
+):
+    data = form_data(Api(base_url="https://example.com/v1", rate=7), name=unique_name)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = root_client.post(reverse("admin:ratejobs_api_add"), data)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    api = Api.objects.get(name=unique_name)
+    assert api_limiter(api).state().rate == 7

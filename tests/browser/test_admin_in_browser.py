@@ -1,0 +1,114 @@
+"""An operator's day in a real browser: log in, submit a job from the admin against the sandbox
+API, pause and resume it, watch its page fill up to 100% on its own, look at the job list; edit
+an API's limit and block it from its page.
+
+Real parts only: the live Django server, Celery worker processes, the broker and limiter in
+Redis, the sandbox API as the third party, and Chromium.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from ratejobs.models import Api, Job
+from ratejobs.selectors.apis import api_limiter_state
+from ratejobs.services.apis import api_create
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
+
+CALLS = 100
+PASSWORD = "browser-test-password"
+
+
+def log_in(page: Any, base_url: str) -> None:
+    get_user_model().objects.create_superuser("operator", password=PASSWORD)
+    page.set_default_timeout(30_000)
+    page.goto(f"{base_url}/admin/login/?next=/admin/")
+    page.fill("#id_username", "operator")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(f"{base_url}/admin/")
+
+
+def test_submit_a_job_pause_resume_and_watch_it_complete(
+    live_server, services_redis, sandbox, start_worker, unique_name, browser_page, screenshot
+):
+    # given a sandbox API, a limit of 20/s on it, two worker processes and an operator
+    server = sandbox(rate=30, burst=5)
+    api_create(name=unique_name, base_url=server.url, rate=20, burst=2)
+    start_worker(concurrency=2)
+    page = browser_page
+    log_in(page, live_server.url)
+
+    # when the operator submits a job from a path template
+    page.goto(f"{live_server.url}/admin/ratejobs/job/add/")
+    page.select_option("#id_api", label=unique_name)
+    page.fill("#id_name", "seen in a browser")
+    page.fill("#id_path_template", "/items/{id}")
+    page.fill("#id_values", "\n".join(str(i) for i in range(CALLS)))
+    page.click("input[name=_save]")
+    page.wait_for_url("**/admin/ratejobs/job/*/change/")
+    job = Job.objects.get(name="seen in a browser")
+
+    # and pauses it, then resumes it, with the page's buttons
+    page.click("button[data-action=pause]")
+    page.locator(".messagelist", has_text="paused").wait_for()
+    assert Job.objects.get(pk=job.pk).status == "paused"
+    assert page.locator("button[data-action=resume]").is_visible()
+    assert not page.locator("button[data-action=pause]").is_visible()
+    page.click("button[data-action=resume]")
+    page.locator(".messagelist", has_text="resumed").wait_for()
+
+    # then the page updates itself (no reload) until its progress bar reads 100%
+    page.evaluate("window.notReloaded = true")
+    page.locator('#rj-progress-bar .rj-progress[aria-valuenow="100"]').wait_for(timeout=180_000)
+    page.locator('#rj-job[data-final="true"]').wait_for()
+    assert page.evaluate("window.notReloaded") is True
+    assert page.locator('[data-field="succeeded"]').inner_text() == str(CALLS)
+    assert page.locator('[data-field="status_display"]').inner_text() == "Completed"
+    assert page.locator("#rj-chart svg").count() == 1
+    # a completed job without failures offers no action
+    assert page.locator(".rj-actions button:visible").count() == 0
+    print("job page:", screenshot(page, "job-page"))
+
+    job.refresh_from_db()
+    assert (job.status, job.succeeded, job.failed) == ("completed", CALLS, 0)
+    assert server.stats()["arrivals"] == CALLS
+
+    # and the job list shows it complete
+    page.goto(f"{live_server.url}/admin/ratejobs/job/")
+    row = page.locator("#result_list tbody tr", has_text="seen in a browser")
+    assert row.locator('.rj-progress[aria-valuenow="100"]').count() == 1
+    print("job list:", screenshot(page, "job-list"))
+
+
+def test_edit_an_api_limit_and_block_it_from_its_page(
+    live_server, services_redis, unique_name, browser_page, screenshot
+):
+    api = api_create(name=unique_name, base_url="https://api.example.com/v1", rate=10)
+    page = browser_page
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/admin/ratejobs/api/{api.pk}/change/")
+
+    # Enter in a field of the API's form saves the API (and touches nothing else)
+    page.fill("#id_rate", "25")
+    page.press("#id_rate", "Enter")
+    page.locator(".messagelist", has_text="was changed successfully").wait_for()
+    assert Api.objects.get(pk=api.pk).rate == 25
+    assert api_limiter_state(api).rate == 25
+
+    # the block control blocks every worker, and the page shows it
+    page.goto(f"{live_server.url}/admin/ratejobs/api/{api.pk}/change/")
+    page.fill("input[name=seconds]", "30")
+    page.press("input[name=seconds]", "Enter")
+    page.locator(".messagelist", has_text="Every worker waits 30 s").wait_for()
+    assert page.locator("#rj-limiter .rj-blocked").count() == 1
+    assert api_limiter_state(api).blocked_for > 20
+    print("API page:", screenshot(page, "api-page"))
+
+    page.click("text=Reset limiter")
+    page.locator(".messagelist", has_text="Limiter reset").wait_for()
+    assert api_limiter_state(api).blocked_for == 0
