@@ -17,9 +17,10 @@ venv:
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Web on WEB_HOST:WEB_PORT (0.0.0.0:8000), one Celery worker, Redis from REDIS_URL or private.
+# Everything on one machine until Ctrl-C: Redis (found or private), the sandbox API, web on
+# WEB_HOST:WEB_PORT (0.0.0.0:8000), two workers, beat, Flower on FLOWER_PORT (5555).
 demo: venv
-	scripts/demo.sh
+	$(PY) scripts/demo.py
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from celery import Celery, Task
-from celery.signals import task_postrun, task_prerun
+from celery.signals import after_setup_logger, after_setup_task_logger, task_postrun, task_prerun
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings.base")
 
@@ -25,3 +25,18 @@ def close_old_database_connections(task: Task | None = None, **_: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def use_the_configured_log_format(logger: Any, **_: Any) -> None:
+    """Celery installs its own handlers on the worker's loggers; give them our format when it
+    is JSON, so that a worker's log is one JSON object per line like the web's."""
+    from django.conf import settings
+
+    if settings.RATEJOBS_LOG_FORMAT != "json":
+        return
+    from ratejobs.logs import json_formatter
+
+    for handler in logger.handlers:
+        handler.setFormatter(json_formatter())

@@ -116,7 +116,10 @@ def _send(messages: list[tuple[int, int]]) -> None:
 
     try:
         for call_id, job_id in messages:
-            execute_call.apply_async(args=[call_id, job_id])
+            # argsrepr is what Flower and the worker log show for the task
+            execute_call.apply_async(
+                args=[call_id, job_id], argsrepr=f"(call={call_id}, job={job_id})"
+            )
     except Exception:  # broker down: the reconciler re-dispatches what was marked but not sent
         logger.exception("could not send %d call messages to the broker", len(messages))
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import environ
 from kombu import Queue
 
+from ratejobs.logs import logging_config
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
 env = environ.Env()
@@ -48,13 +50,15 @@ WSGI_APPLICATION = "project.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # Project-wide overrides of the admin's own templates (the header's links).
+        "DIRS": [BASE_DIR / "project" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "ratejobs.context_processors.operations_links",
             ],
         },
     },
@@ -92,6 +96,11 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 
 # The shared rate limiter state lives here; the broker defaults to the same server.
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# High availability for the limiter's Redis (see README, "Several machines"): either Sentinel
+# (REDIS_URL then gives the database number and password, its host is not used) or Cluster.
+REDIS_SENTINELS = env.list("REDIS_SENTINELS", default=[])  # host:port of each sentinel
+REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", default="")
+REDIS_CLUSTER = env.bool("REDIS_CLUSTER", default=False)
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=REDIS_URL)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
@@ -131,6 +140,8 @@ CELERY_DB_REUSE_MAX = 1_000_000
 # Redis hands an unacknowledged task to another worker after this long. It must exceed the
 # hard time limit and the longest countdown we schedule (Retry-After), or tasks run twice.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 60 * 60}
+if REDIS_SENTINEL_MASTER:  # with CELERY_BROKER_URL=sentinel://host:26379;sentinel://...
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
 
 # --- ratejobs -----------------------------------------------------------------------------
 # Fernet key for API credentials stored in the database; derived from SECRET_KEY when empty.
@@ -164,6 +175,16 @@ CELERY_BEAT_SCHEDULE = {
 # --- REST API (ratejobs/api/) ---------------------------------------------------------------
 # Largest request body the REST API accepts (a job of many calls); larger ones get a 413
 # before parsing. Django's own cap is set to the same value so it never refuses first.
+# One INFO line per throttle decision (api, job and call ids); "json" for one JSON object
+# per line. Celery workers use the same format (project/celery.py).
+RATEJOBS_LOG_FORMAT = env.str("RATEJOBS_LOG_FORMAT", default="text")
+RATEJOBS_LOG_LEVEL = env.str("RATEJOBS_LOG_LEVEL", default="INFO")
+LOGGING = logging_config(log_format=RATEJOBS_LOG_FORMAT, level=RATEJOBS_LOG_LEVEL)
+
+# Where operators find Flower; the admin links to it when set.
+RATEJOBS_FLOWER_URL = env.str("RATEJOBS_FLOWER_URL", default="")
+# When set, /metrics answers only a scraper sending "Authorization: Bearer <token>".
+RATEJOBS_METRICS_TOKEN = env("RATEJOBS_METRICS_TOKEN", default="")
 RATEJOBS_MAX_REQUEST_BYTES = env.int("RATEJOBS_MAX_REQUEST_BYTES", default=64 * 1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RATEJOBS_MAX_REQUEST_BYTES
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ratejobs.limiter.aio import AsyncLimiter
 from ratejobs.limiter.config import LimiterConfig
-from ratejobs.limiter.core import Feedback, Grant, LimiterState
+from ratejobs.limiter.core import Feedback, Grant, LimiterCounts, LimiterState
 from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
@@ -19,6 +19,7 @@ __all__ = [
     "Grant",
     "Limiter",
     "LimiterConfig",
+    "LimiterCounts",
     "LimiterError",
     "LimiterNotConfigured",
     "LimiterState",

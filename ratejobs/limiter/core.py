@@ -76,6 +76,25 @@ class Feedback:
 
 
 @dataclass(frozen=True)
+class LimiterCounts:
+    """Running totals since the limiter's state was created or last reset, summed over every
+    worker; the metrics export them as counters."""
+
+    grants: int = 0
+    waits: int = 0  # reservations of a later slot (the caller slept, or was told to)
+    wait_us: int = 0  # total of those waits
+    too_long: int = 0  # answers "the next slot is further away than you accept"
+    at_capacity: int = 0  # answers "max_concurrency requests are already in flight"
+    throttles: int = 0  # 429s reported (every one, not only the first of a burst)
+    blocks: int = 0  # Retry-After or spent-quota blocks, and manual blocks
+    decreases: int = 0  # adaptive rate cuts
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.wait_us / MICROS
+
+
+@dataclass(frozen=True)
 class LimiterState:
     name: str
     configured: bool
@@ -91,6 +110,7 @@ class LimiterState:
     blocked_until_us: int
     in_flight: int
     generation: int
+    counts: LimiterCounts = LimiterCounts()
 
     @property
     def blocked_for(self) -> float:
@@ -308,4 +328,5 @@ class LimiterBase:
             blocked_until_us=int(reply[10]),
             in_flight=int(reply[11]),
             generation=int(reply[12]),
+            counts=LimiterCounts(*(int(n) for n in reply[13])),
         )

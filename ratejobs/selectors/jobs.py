@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Trunc
 from django.http import Http404
 from django.utils import timezone
@@ -172,3 +172,46 @@ def response_body_text(body: bytes | memoryview | None, *, truncated: bool) -> s
         return codecs.getincrementaldecoder("utf-8")().decode(bytes(body), final=not truncated)
     except UnicodeDecodeError:
         return None
+
+
+def job_counts_by_status() -> dict[str, int]:
+    """How many jobs are in each status (every status present, 0 when none)."""
+    counts = dict.fromkeys(Job.Status.values, 0)
+    for row in Job.objects.values("status").annotate(n=Count("pk")).order_by():
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def call_counts_by_api() -> dict[int, dict[str, int]]:
+    """Calls in each status per API id, from the jobs' counters plus the few calls running now:
+    two small queries however many calls the database holds."""
+    totals = (
+        Job.objects.values("api_id")
+        .annotate(
+            total=Sum("total"),
+            succeeded=Sum("succeeded"),
+            failed=Sum("failed"),
+            cancelled=Sum("cancelled"),
+        )
+        .order_by()
+    )
+    # Running calls are among those handed to the broker (a partial index keeps them few).
+    running = dict(
+        Call.objects.filter(dispatched_at__isnull=False, status=Call.Status.RUNNING)
+        .values_list("job__api_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    counts: dict[int, dict[str, int]] = {}
+    for row in totals:
+        api_id = row.pop("api_id")
+        unfinished = row["total"] - row["succeeded"] - row["failed"] - row["cancelled"]
+        now_running = min(running.get(api_id, 0), unfinished)
+        counts[api_id] = {
+            "pending": unfinished - now_running,
+            "running": now_running,
+            "succeeded": row["succeeded"],
+            "failed": row["failed"],
+            "cancelled": row["cancelled"],
+        }
+    return counts

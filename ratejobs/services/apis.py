@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from redis.cluster import RedisCluster
+from redis.sentinel import Sentinel
 
 from ratejobs.credentials import encrypt_secret
 from ratejobs.execution.urls import validate_base_url
 from ratejobs.limiter import Feedback, Limiter
 from ratejobs.models import Api, ThrottleEvent
+
+logger = logging.getLogger(__name__)
 
 # Limits the REST API and the admin may change on a live API.
 EDITABLE_FIELDS = (
@@ -37,14 +42,34 @@ REDIS_SOCKET_TIMEOUT = 5.0
 
 
 @functools.cache
-def redis_client() -> redis.Redis:
-    """One client per process (redis-py's pool is fork-safe)."""
-    return redis.Redis.from_url(
+def redis_client() -> redis.Redis | RedisCluster:
+    """One client per process (redis-py's pools are fork-safe), for a plain Redis, the master
+    a set of Sentinels names, or a Redis Cluster, as the settings say."""
+    return connect_redis(
         settings.REDIS_URL,
-        socket_timeout=REDIS_SOCKET_TIMEOUT,
-        socket_connect_timeout=REDIS_SOCKET_TIMEOUT,
-        health_check_interval=30,
+        sentinels=settings.REDIS_SENTINELS,
+        sentinel_master=settings.REDIS_SENTINEL_MASTER,
+        cluster=settings.REDIS_CLUSTER,
     )
+
+
+def connect_redis(
+    url: str, *, sentinels: list[str], sentinel_master: str, cluster: bool
+) -> redis.Redis | RedisCluster:
+    timeouts = {
+        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": REDIS_SOCKET_TIMEOUT,
+    }
+    if cluster:
+        return RedisCluster.from_url(url, **timeouts)
+    if sentinels:
+        # The URL still carries the database, user and password of the master.
+        kwargs = redis.connection.parse_url(url)
+        kwargs = {k: v for k, v in kwargs.items() if k not in ("host", "port")}
+        hosts = [(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in sentinels]
+        sentinel = Sentinel(hosts, sentinel_kwargs=timeouts, **timeouts)
+        return sentinel.master_for(sentinel_master, health_check_interval=30, **kwargs)
+    return redis.Redis.from_url(url, health_check_interval=30, **timeouts)
 
 
 _limiters: dict[str, Limiter] = {}
@@ -109,6 +134,9 @@ def api_block(*, api: Api, seconds: float) -> Feedback:
     """Stop every worker calling the API for `seconds` (an operator's decision, recorded)."""
     feedback = api_limiter(api).block(seconds)
     ThrottleEvent.objects.create(api=api, kind=ThrottleEvent.Kind.BLOCKED, retry_after=seconds)
+    fields = {"api": api.name, "events": str(ThrottleEvent.Kind.BLOCKED), "blocked_for": seconds}
+    logger.info("throttle decision: api=%(api)s manual block of every worker for %(blocked_for)gs",
+                fields, extra=fields)  # fmt: skip
     return feedback
 
 

@@ -269,15 +269,30 @@ def _record_throttle_events(call: Call, outcome: Outcome) -> None:
             )
         )
     ThrottleEvent.objects.bulk_create(events)
-    for event in events:
-        logger.info(
-            "throttle: %s api=%s job=%s call=%s status=%s blocked_for=%.3fs rate=%.3f->%.3f",
-            event.kind,
-            call.job.api.name,
-            call.job_id,
-            call.pk,
-            result.status_code,
-            feedback.blocked_for,
-            feedback.rate_before,
-            feedback.rate_after,
-        )
+    if events:
+        _log_throttle_decision(call, outcome, [str(event.kind) for event in events])
+
+
+def _log_throttle_decision(call: Call, outcome: Outcome, kinds: list[str]) -> None:
+    """One INFO line per response that changed the shared limiter: what the API said and what
+    every worker now does about it."""
+    feedback, result = outcome.feedback, outcome.result
+    fields = {
+        "api": call.job.api.name,
+        "job_id": call.job_id,
+        "call_id": call.pk,
+        "status_code": result.status_code,
+        "events": ",".join(kinds),
+        "blocked_for": round(feedback.blocked_for, 3),
+        "rate_before": round(feedback.rate_before, 3),
+        "rate_after": round(feedback.rate_after, 3),
+        "outcome": outcome.kind,
+        "retry_in": round(outcome.retry_after, 3),
+    }
+    logger.info(
+        "throttle decision: api=%(api)s job=%(job_id)s call=%(call_id)s status=%(status_code)s "
+        "events=%(events)s blocked_for=%(blocked_for).3fs rate=%(rate_before).3f->"
+        "%(rate_after).3f outcome=%(outcome)s retry_in=%(retry_in).3fs",
+        fields,
+        extra=fields,
+    )

@@ -185,3 +185,10 @@ def test_throttle_events_are_listed_with_filters_and_a_date_hierarchy(root_clien
     assert "429 received" in html
     assert '<nav class="toplinks">' in html  # the date hierarchy
     assert root_client.get(url, {"kind__exact": "throttled"}).status_code == 200
+
+
+def test_the_admin_links_to_flower_when_its_address_is_set(root_client, settings):
+    assert "Flower" not in root_client.get(LIST_URL).content.decode()
+    settings.RATEJOBS_FLOWER_URL = "http://flower.example:5555/"
+    html = root_client.get(LIST_URL).content.decode()
+    assert '<a href="http://flower.example:5555/"' in html

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -14,6 +15,7 @@ from django.db import connection
 
 from ratejobs.devredis import start_private_redis
 from ratejobs.models import Api, Call, Job, ThrottleEvent
+from ratejobs.selectors.apis import api_limiter_state
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume
 from tests.realparts import wait_for_job
@@ -82,6 +84,11 @@ def test_no_request_reaches_the_server_inside_a_retry_after_window(
     assert inside == []
     assert job.succeeded == 40
     assert job.throttled == len(throttles)
+    # and the limiter's shared counts, which the metrics export, saw every request and 429
+    counts = api_limiter_state(api).counts
+    assert counts.grants == len(log)
+    assert counts.throttles == len(throttles)
+    assert counts.blocks >= 1
 
 
 def test_job_completes_when_a_worker_process_is_killed_mid_job(
@@ -161,13 +168,14 @@ def test_pause_and_cancel_stop_calls_that_have_not_started(
 def test_a_canary_secret_never_leaks_into_the_database_logs_or_task_arguments(
     owner, sandbox, start_worker, unique_name, caplog
 ):
-    # given an API whose credential is a canary string, and a job that gets some 429s
+    # given an API whose credential is a canary string, and a job that gets some 429s, run by
+    # a worker that logs JSON
     canary = "canary-" + unique_name
     server = sandbox(rate=5, burst=1, headers="github")
     api = api_create(
         name=unique_name, base_url=server.url, rate=10, burst=2, credential=f"Bearer {canary}"
     )
-    worker = start_worker(concurrency=2)
+    worker = start_worker(concurrency=2, RATEJOBS_LOG_FORMAT="json")
     job = job_create(
         owner=owner,
         api=api,
@@ -184,6 +192,17 @@ def test_a_canary_secret_never_leaks_into_the_database_logs_or_task_arguments(
     assert canary not in worker.log.read_text()
     assert "ratejobs.execute_call" in worker.log.read_text()
     assert canary not in caplog.text
+    # and each 429 made one JSON log line naming its API, job and call
+    lines = [json.loads(line) for line in worker.log.read_text().splitlines() if line.strip()]
+    decisions = [line for line in lines if line["message"].startswith("throttle decision")]
+    throttled = [line for line in decisions if line["status_code"] == 429]
+    job.refresh_from_db()
+    assert job.throttled > 0
+    assert len(throttled) == job.throttled
+    calls = set(Call.objects.filter(job=job).values_list("pk", flat=True))
+    for line in decisions:
+        assert (line["level"], line["api"], line["job_id"]) == ("INFO", api.name, job.pk)
+        assert line["call_id"] in calls
 
 
 def test_adaptive_rate_finds_a_real_limit_half_the_configured_one(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 from redis.cluster import RedisCluster
@@ -21,9 +23,10 @@ def cluster_port() -> int:
     return port
 
 
-def test_limiter_works_on_a_cluster_client():
-    # given a one-node cluster owning every slot: cross-slot commands fail there exactly as on
-    # a large cluster, so any script touching keys of two slots would fail
+@contextmanager
+def one_node_cluster() -> Iterator[str]:
+    """A private one-node Redis Cluster owning every slot; yields its URL. Cross-slot commands
+    fail there exactly as on a large cluster."""
     server = start_private_redis(
         extra_args=["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"],
         port=cluster_port(),
@@ -35,7 +38,16 @@ def test_limiter_works_on_a_cluster_client():
         while admin.cluster("info")["cluster_state"] != "ok":
             assert time.monotonic() < deadline, "cluster did not come up"
             time.sleep(0.05)
-        client = RedisCluster.from_url(server.url)
+        admin.close()
+        yield server.url
+    finally:
+        server.stop()
+
+
+def test_limiter_works_on_a_cluster_client():
+    # given a one-node cluster: any script touching keys of two slots would fail on it
+    with one_node_cluster() as url:
+        client = RedisCluster.from_url(url)
         limiter = Limiter(client, "on-cluster", LimiterConfig(rate=100, burst=2, max_concurrency=1))
         # expect: every operation works, including the wait for a freed lease
         first = limiter.acquire()
@@ -50,5 +62,3 @@ def test_limiter_works_on_a_cluster_client():
         limiter.release(held)
         limiter.reset()
         client.close()
-    finally:
-        server.stop()

@@ -23,6 +23,8 @@ Returns {code, wait_us, slot_us, generation, now_us}
   2 TOO_LONG        the earliest slot is wait_us away, more than ARGV[4]; nothing is held
   3 AT_CAPACITY     max_concurrency leases are out; the earliest expires in wait_us
   4 NOT_CONFIGURED  there is no config hash; nothing changed
+Counts grants, new reservations (waits, with their wait), TOO_LONG and AT_CAPACITY answers in
+the state hash (prelude's COUNTERS).
 ]]
 
 local cfg = load_config(KEYS[1])
@@ -45,6 +47,7 @@ local interval = interval_us(cfg, current_rate(cfg, st, now))
 local function grant(slot)
   redis.call('ZADD', KEYS[3], now + ttl, lease_id)
   store_time(KEYS[2], 'granted_tat', now, math.max(st.granted_tat, slot - now) + weight * interval)
+  count(KEYS[2], 'grants')
   return {0, 0, slot, st.generation, now}
 end
 
@@ -67,6 +70,7 @@ if max_wait >= 0 and wait > max_wait then
     redis.call('LPUSH', KEYS[4], '1')
     redis.call('LTRIM', KEYS[4], 0, cfg.max_concurrency - 1)
   end
+  count(KEYS[2], 'too_long')
   return {2, wait, slot, st.generation, now}
 end
 
@@ -74,6 +78,7 @@ if not redis.call('ZSCORE', KEYS[3], lease_id) then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   if cfg.max_concurrency > 0 and redis.call('ZCARD', KEYS[3]) >= cfg.max_concurrency then
     local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    count(KEYS[2], 'at_capacity')
     return {3, tonumber(first[2]) - now, 0, st.generation, now}
   end
 end
@@ -83,4 +88,6 @@ if wait == 0 then
   return grant(slot)
 end
 redis.call('ZADD', KEYS[3], slot + ttl, lease_id)
+count(KEYS[2], 'waits')
+count(KEYS[2], 'wait_us', wait)
 return {1, wait, slot, st.generation, now}

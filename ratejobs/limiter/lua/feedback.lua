@@ -13,6 +13,7 @@ Returns {code, accepted, generation, blocked_until_us, now_us, rate_before, rate
   accepted 1 when this throttle was the first of its burst: it started a new generation and,
   when adaptive, cut the rate. A throttle for a grant of an older generation is ignored, so the
   many 429s of one burst count as one decrease. Rates are strings (requests per period).
+Counts blocks, throttles and adaptive decreases in the state hash (prelude's COUNTERS).
 ]]
 
 local cfg = load_config(KEYS[1])
@@ -27,6 +28,12 @@ local st = load_state(KEYS[2], now)
 local rate_before = current_rate(cfg, st, now)
 local accepted = 0
 
+if block > 0 then
+  count(KEYS[2], 'blocks')
+end
+if throttled then
+  count(KEYS[2], 'throttles')
+end
 if block > 0 and now + block > st.blocked_until then
   st.blocked_until = now + block
   redis.call('HSET', KEYS[2], 'blocked_until', st.blocked_until)
@@ -45,6 +52,7 @@ if throttled and (generation < 0 or generation == st.generation) then
     st.decreased_at = now
     redis.call('HSET', KEYS[2], 'wmax', as_string(st.wmax), 'wstart', as_string(st.wstart),
       'decreased_at', now)
+    count(KEYS[2], 'decreases')
   end
   new_generation(KEYS[2], st, now)
 end

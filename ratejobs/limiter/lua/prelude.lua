@@ -20,6 +20,8 @@ State hash fields:
                  from an older generation is ignored (one decrease per burst)
   wmax, wstart, decreased_at   adaptive rate: the rate the climb after the last decrease
                  heads for, the rate it started from, and when it started
+  n_<event>      running counts for metrics (COUNTERS below), kept here so that every worker
+                 on every machine adds to one total without an extra round trip
 ]]
 
 -- Redis < 5 replicates scripts verbatim, which TIME makes non-deterministic; later versions
@@ -104,6 +106,14 @@ end
 -- and back exactly.
 local function next_slot_offset(cfg, st, now, weight, interval)
   return math.ceil(math.max(0, st.blocked_until - now, st.tat - (cfg.burst - weight) * interval))
+end
+
+-- The events counted in the state hash, in the order state.lua returns them.
+local COUNTERS = {'grants', 'waits', 'wait_us', 'too_long', 'at_capacity', 'throttles',
+  'blocks', 'decreases'}
+
+local function count(state_key, event, by)
+  redis.call('HINCRBY', state_key, 'n_' .. event, by or 1)
 end
 
 local function as_string(x)

@@ -1,0 +1,86 @@
+"""The services reach the limiter's Redis through Sentinel or on a Cluster, as the settings
+say (REDIS_SENTINELS with REDIS_SENTINEL_MASTER, or REDIS_CLUSTER): real servers each time."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from ratejobs import devredis
+from ratejobs.limiter import Limiter, LimiterConfig
+from ratejobs.services import apis as api_services
+from ratejobs.services.apis import connect_redis
+from tests.limiter.test_cluster import one_node_cluster
+
+
+def exercise(client) -> None:
+    """Everything a worker does with the limiter, on `client`."""
+    limiter = Limiter(client, "ha-mode", LimiterConfig(rate=100, burst=1, max_concurrency=1))
+    with limiter.slot(max_wait=1.0):
+        assert limiter.state().in_flight == 1
+    with limiter.slot(max_wait=1.0):
+        pass
+    assert limiter.state().counts.grants == 2
+    limiter.reset()
+
+
+@pytest.fixture
+def sentinel(tmp_path: Path):
+    """A master and one Sentinel watching it as `ratejobs-master`."""
+    master = devredis.start_private_redis()
+    port = devredis.free_port()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+        f"sentinel monitor ratejobs-master 127.0.0.1 {urlsplit(master.url).port} 1\n"
+    )
+    process = subprocess.Popen(
+        [devredis.server_binary(), str(config), "--sentinel"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while not devredis.answers(f"redis://127.0.0.1:{port}/0"):
+            assert time.monotonic() < deadline, "sentinel did not start"
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}", master
+    finally:
+        process.terminate()
+        process.wait(10)
+        master.stop()
+
+
+def test_the_limiter_reaches_its_redis_through_sentinel(sentinel, settings):
+    address, master = sentinel
+    client = connect_redis(
+        "redis://127.0.0.1:1/2", sentinels=[address], sentinel_master="ratejobs-master",
+        cluster=False,
+    )  # fmt: skip
+    exercise(client)
+    # the Sentinel found the master: the limiter's keys are there, in database 2
+    assert client.connection_pool.get_master_address()[1] == urlsplit(master.url).port
+    # and the services use it when the settings say so
+    settings.REDIS_SENTINELS = [address]
+    settings.REDIS_SENTINEL_MASTER = "ratejobs-master"
+    api_services.redis_client.cache_clear()
+    try:
+        assert api_services.redis_client().ping()
+    finally:
+        api_services.redis_client.cache_clear()
+
+
+def test_the_limiter_runs_on_a_cluster_from_the_settings(settings):
+    with one_node_cluster() as url:
+        settings.REDIS_URL, settings.REDIS_CLUSTER = url, True
+        api_services.redis_client.cache_clear()
+        try:
+            client = api_services.redis_client()
+            assert type(client).__name__ == "RedisCluster"
+            exercise(client)
+            client.close()
+        finally:
+            api_services.redis_client.cache_clear()
