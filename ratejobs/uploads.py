@@ -10,9 +10,12 @@ import io
 import json
 import re
 import string
+from array import array
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 from urllib.parse import parse_qsl, quote
+
+from django.core.exceptions import NON_FIELD_ERRORS
 
 # One line or row of a file may be this long: a file without newlines cannot force itself
 # into memory whole. A call's body is capped at 1 MiB, so 4 MiB leaves room for JSON escaping.
@@ -31,8 +34,43 @@ class UploadError(ValueError):
         self.line = line
 
 
-def calls_from_jsonl(stream: IO[bytes]) -> Iterator[dict]:
+class NumberedCalls:
+    """The calls read from a file or a list of values, remembering the line each came from, so
+    that an error the job service reports for call N can name the line a person can find."""
+
+    def __init__(self, numbered: Iterator[tuple[int, dict]]) -> None:
+        self._numbered = numbered
+        self._lines = array("L")  # 4 or 8 bytes a call: a million calls cost a few MiB
+
+    def __iter__(self) -> NumberedCalls:
+        return self
+
+    def __next__(self) -> dict:
+        line, spec = next(self._numbered)
+        self._lines.append(line)
+        return spec
+
+    def line_of(self, index: int) -> int | None:
+        return self._lines[index] if 0 <= index < len(self._lines) else None
+
+    def error_messages(self, call_errors: dict[int, dict[str, list[str]]]) -> list[str]:
+        """The job service's errors by call index, as messages by line."""
+        return [
+            f"line {self.line_of(index)}: {message}"
+            if field == NON_FIELD_ERRORS
+            else f"line {self.line_of(index)}: {field}: {message}"
+            for index, fields in call_errors.items()
+            for field, messages in fields.items()
+            for message in messages
+        ]
+
+
+def calls_from_jsonl(stream: IO[bytes]) -> NumberedCalls:
     """One JSON object per line; blank lines are skipped."""
+    return NumberedCalls(_numbered_jsonl(stream))
+
+
+def _numbered_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, dict]]:
     line_number = 0
     while True:
         raw = stream.readline(MAX_LINE_BYTES + 1)
@@ -55,12 +93,16 @@ def calls_from_jsonl(stream: IO[bytes]) -> Iterator[dict]:
             raise UploadError(f"not valid JSON: {exc}", line_number) from None
         if not isinstance(spec, dict):
             raise UploadError("each line must be a JSON object (a call)", line_number)
-        yield spec
+        yield line_number, spec
 
 
-def calls_from_csv(stream: IO[bytes]) -> Iterator[dict]:
+def calls_from_csv(stream: IO[bytes]) -> NumberedCalls:
     """A header row naming columns among CSV_COLUMNS, then one call per row. Query, headers
     and json cells hold JSON; a query may also be written as `a=1&b=2`."""
+    return NumberedCalls(_numbered_csv(stream))
+
+
+def _numbered_csv(stream: IO[bytes]) -> Iterator[tuple[int, dict]]:
     text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
     reader = csv.reader(text)
     try:
@@ -83,7 +125,7 @@ def calls_from_csv(stream: IO[bytes]) -> Iterator[dict]:
                 continue
             if len(row) > len(columns):
                 raise UploadError(f"{len(row)} cells for {len(columns)} columns", first_line)
-            yield _csv_call(dict(zip(columns, row, strict=False)), first_line)
+            yield first_line, _csv_call(dict(zip(columns, row, strict=False)), first_line)
     except UnicodeDecodeError:
         raise UploadError("not UTF-8 text", reader.line_num + 1) from None
     except csv.Error as exc:
@@ -125,9 +167,7 @@ def _query_from_string(query: str) -> dict[str, Any]:
 _PLACEHOLDER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def calls_from_template(
-    *, method: str, path_template: str, values: Iterable[str]
-) -> Iterator[dict]:
+def calls_from_template(*, method: str, path_template: str, values: Iterable[str]) -> NumberedCalls:
     """`/users/{id}` and one value per line: one call per value. A value fills the single
     placeholder quoted, so it can neither add path segments nor a query."""
     names = (
@@ -140,16 +180,25 @@ def calls_from_template(
             "the path template needs exactly one placeholder such as {id}, e.g. /users/{id}"
         )
     (name,) = names
+    return NumberedCalls(_numbered_template_calls(method, path_template, name, values))
+
+
+def _numbered_template_calls(
+    method: str, path_template: str, name: str, values: Iterable[str]
+) -> Iterator[tuple[int, dict]]:
     for line_number, value in enumerate(values, start=1):
         value = value.strip()
         if not value:
             continue
         if len(value) > MAX_LINE_BYTES:
             raise UploadError(f"longer than {MAX_LINE_BYTES} bytes", line_number)
-        yield {
-            "method": method,
-            "path": path_template.replace("{" + name + "}", quote(value, safe="")),
-        }
+        yield (
+            line_number,
+            {
+                "method": method,
+                "path": path_template.replace("{" + name + "}", quote(value, safe="")),
+            },
+        )
 
 
 def _braces_balanced(template: str) -> bool:
@@ -160,7 +209,7 @@ def _braces_balanced(template: str) -> bool:
     return True
 
 
-def calls_from_upload(name: str, stream: IO[bytes]) -> Iterator[dict]:
+def calls_from_upload(name: str, stream: IO[bytes]) -> NumberedCalls:
     """Pick the reader from the file's extension."""
     lowered = name.lower()
     if lowered.endswith((".jsonl", ".ndjson")):

@@ -146,3 +146,13 @@ def test_a_line_without_end_is_cut_off_at_the_limit():
     source = CountingLines(1, b"x" * (5 * 1024 * 1024))
     with pytest.raises(UploadError, match="line 1: longer than"):
         list(calls_from_jsonl(io.BufferedReader(source)))
+
+
+def test_each_call_remembers_the_line_it_came_from():
+    calls = calls_from_jsonl(io.BytesIO(b'{"path": "/a"}\n\n{"path": "/b"}\n{"path": "/c"}\n'))
+    assert [spec["path"] for spec in calls] == ["/a", "/b", "/c"]
+    assert [calls.line_of(i) for i in range(4)] == [1, 3, 4, None]
+    assert calls.error_messages({2: {"path": ["bad"]}, 0: {"__all__": ["no"]}}) == [
+        "line 4: path: bad",
+        "line 1: no",
+    ]

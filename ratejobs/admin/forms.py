@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from django import forms
 
 from ratejobs.execution.urls import ALLOWED_METHODS
 from ratejobs.models import MAX_PRIORITY, Api
-from ratejobs.uploads import calls_from_template, calls_from_upload
+from ratejobs.uploads import NumberedCalls, calls_from_template, calls_from_upload
 
 
 class JobSubmitForm(forms.Form):
@@ -57,7 +56,7 @@ class JobSubmitForm(forms.Form):
             raise forms.ValidationError("A path template needs values, one per line.")
         return data
 
-    def call_specs(self) -> Iterator[dict]:
+    def call_specs(self) -> NumberedCalls:
         """The calls, read lazily (a 100,000-row file is never held whole in memory); an
         UploadError arises while they are read."""
         data = self.cleaned_data

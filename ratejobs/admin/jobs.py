@@ -25,6 +25,7 @@ from ratejobs.admin.charts import timeline_svg
 from ratejobs.admin.forms import JobSubmitForm
 from ratejobs.models import Job
 from ratejobs.selectors.jobs import (
+    duration_text,
     failed_call_sample,
     job_eta_seconds,
     job_paces,
@@ -33,6 +34,7 @@ from ratejobs.selectors.jobs import (
 )
 from ratejobs.services.jobs import (
     JOB_ACTIONS,
+    CallsInvalid,
     JobActionRefused,
     job_act,
     job_actions_allowed,
@@ -48,19 +50,6 @@ ACTION_DONE = {
     "cancel": "cancelled; calls not yet started will not be sent",
     "retry-failed": "failed calls queued again",
 }
-
-
-def duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes:02d} min"
-    if minutes:
-        return f"{minutes} min {seconds:02d} s"
-    return f"{seconds} s"
 
 
 def moment_text(moment: datetime | None) -> str:
@@ -207,16 +196,21 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
 
     def _submit(self, request: HttpRequest, form: JobSubmitForm) -> Job | None:
         data = form.cleaned_data
+        source = "calls_file" if data.get("calls_file") else "values"
         try:
+            calls = form.call_specs()
             return job_create(
                 owner=request.user,
                 api=data["api"],
                 name=data["name"],
                 priority=data["priority"],
-                calls=form.call_specs(),
+                calls=calls,
             )
         except UploadError as exc:
-            form.add_error("calls_file" if data.get("calls_file") else "values", str(exc))
+            form.add_error(source, str(exc))
+        except CallsInvalid as exc:  # by line of the file or of the values, not call index
+            for message in calls.error_messages(exc.call_errors):
+                form.add_error(source, message)
         except ValidationError as exc:
             for message in exc.messages:
                 form.add_error(None, message)

@@ -110,6 +110,20 @@ class Timeline:
     limit_per_second: float
 
 
+def duration_text(seconds: float | None) -> str:
+    """An ETA or a duration as people read it: 2 h 05 min, 3 min 07 s, 12 s; — for none."""
+    if seconds is None:
+        return "—"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {seconds:02d} s"
+    return f"{seconds} s"
+
+
 def job_timeline(job: Job, max_buckets: int = 60) -> Timeline | None:
     """The job's calls/s and 429s over its run, grouped in the database (one row per second,
     minute or hour) and then into at most `max_buckets` buckets; None before it starts."""

@@ -77,13 +77,22 @@ def test_a_csv_file_makes_its_calls(root_client, api):
         ({}, "Give a calls file, or a path template with values."),
         ({"path_template": "/users/{id}"}, "A path template needs values"),
         ({"path_template": "/u/{a}/{b}", "values": "1"}, "placeholder"),
-        ({"path_template": "http://evil.example/{id}", "values": "1"}, "call 0: path"),
+        ({"path_template": "http://evil.example/{id}", "values": "1"}, "line 1: path"),
     ],
 )
 def test_bad_input_is_shown_on_the_form_and_nothing_is_stored(root_client, api, fields, message):
     response = submit(root_client, api, **fields)
     assert response.status_code == 200
     assert message in response.content.decode()
+    assert (Job.objects.count(), Call.objects.count()) == (0, 0)
+
+
+def test_a_call_the_service_refuses_is_named_by_its_line_in_the_file(root_client, api):
+    # given a CSV whose 4th line (3rd call, after a blank line) has a path that climbs out
+    upload = SimpleUploadedFile("calls.csv", b"method,path\nGET,/a\n\nGET,/../admin\nGET,/b\n")
+    response = submit(root_client, api, calls_file=upload)
+    html = response.content.decode()
+    assert "line 4: path" in html and "call 1" not in html
     assert (Job.objects.count(), Call.objects.count()) == (0, 0)
 
 

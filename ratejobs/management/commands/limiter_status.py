@@ -1,0 +1,84 @@
+"""`manage.py limiter_status [NAME]`: the live state of the shared limiters, from Redis."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
+from ratejobs.models import Api
+from ratejobs.selectors.apis import api_limiter_state, api_list
+
+COLUMNS = ("API", "RATE NOW", "CEILING", "BURST", "ADAPTIVE", "BLOCKED", "NEXT SLOT",
+           "IN FLIGHT", "GRANTS", "429s", "GEN")  # fmt: skip
+
+
+class Command(BaseCommand):
+    help = "Show each API's shared limiter as every worker sees it: rate, block, in flight."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("name", nargs="?", help="one API (default: all)")
+        parser.add_argument("--json", action="store_true", help="one JSON document")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        apis = list(api_list())
+        if options["name"]:
+            apis = [api for api in apis if api.name == options["name"]]
+            if not apis:
+                raise CommandError(f"no API named {options['name']!r}")
+        states = {api.name: _state(api) for api in apis}
+        if options["json"]:
+            self.stdout.write(json.dumps([_as_json(s) for s in states.values()], indent=2))
+            return
+        rows = [COLUMNS, *(_row(name, state) for name, state in states.items())]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+        for row in rows:
+            self.stdout.write(
+                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            )
+
+
+def _state(api: Api) -> LimiterState:
+    try:
+        return api_limiter_state(api)
+    except LimiterUnavailable:
+        # The limiter fails closed: nothing is sent while this lasts, so say it plainly.
+        raise CommandError(
+            "Redis cannot be reached (REDIS_URL): no limiter state, and workers send nothing "
+            "until it is back",
+            returncode=1,
+        ) from None
+    except LimiterError as exc:
+        raise CommandError(f"{api.name}: limiter state unreadable: {exc}", returncode=1) from None
+
+
+def _row(name: str, state: LimiterState) -> tuple[str, ...]:
+    if not state.configured:
+        return (name, "not configured in Redis (workers restore it at their next call)",
+                *[""] * (len(COLUMNS) - 2))  # fmt: skip
+    per = f"/{state.period:g}s"
+    cap = str(state.max_concurrency) if state.max_concurrency else "-"
+    return (
+        name,
+        f"{state.current_rate:.4g}{per}",
+        f"{state.rate:.4g}{per}",
+        str(state.burst),
+        f"min {state.min_rate:.3g}" if state.adaptive else "no",
+        f"{state.blocked_for:.1f}s" if state.blocked_for else "no",
+        f"{state.next_free_in:.3f}s",
+        f"{state.in_flight}/{cap}",
+        str(state.counts.grants),
+        str(state.counts.throttles),
+        str(state.generation),
+    )
+
+
+def _as_json(state: LimiterState) -> dict[str, Any]:
+    return {
+        **dataclasses.asdict(state),
+        "blocked_for": state.blocked_for,
+        "next_free_in": state.next_free_in,
+    }

@@ -1,0 +1,164 @@
+"""`manage.py submit_job`: a job from a CSV or JSONL file of calls, optionally followed to the
+end with a progress bar; the exit status says whether every call succeeded."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.urls import reverse
+
+from ratejobs.models import Api, Job
+from ratejobs.selectors.jobs import duration_text, job_eta_seconds, job_paces
+from ratejobs.services.jobs import CallsInvalid, job_create
+from ratejobs.uploads import UploadError, calls_from_upload
+
+BAR_WIDTH = 30
+# Without a terminal (CI logs, pipes) a redrawn bar is noise: print a line this often instead.
+PLAIN_LINE_EVERY = 10.0
+EXIT_CALLS_NOT_ALL_SUCCEEDED = 1
+EXIT_INTERRUPTED = 130  # what a shell reports for Ctrl-C
+
+
+class Command(BaseCommand):
+    help = (
+        "Submit a job of calls from a CSV or JSONL file (or JSONL on standard input with "
+        "--file -). With --wait, follow it to the end; the exit status is 0 only when every "
+        "call succeeded."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--api", required=True, help="name of the API to call")
+        parser.add_argument(
+            "--file", required=True, help="calls file, .csv or .jsonl; - for standard input"
+        )
+        parser.add_argument(
+            "--format", choices=("csv", "jsonl"),
+            help="the file's format (default: from its extension; jsonl for standard input)",
+        )  # fmt: skip
+        parser.add_argument("--name", help="the job's name (default: the file's name)")
+        parser.add_argument(
+            "--owner",
+            help="username the job belongs to (default: the only superuser, when there is "
+            "exactly one; jobs are visible to their owner and to staff)",
+        )
+        parser.add_argument("--priority", type=int, default=1, help="share of the API (1-100)")
+        parser.add_argument(
+            "--wait", action="store_true", help="show progress until the job is done"
+        )
+        parser.add_argument(
+            "--poll", type=float, default=1.0, help="seconds between progress reads (--wait)"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        api = Api.objects.filter(name=options["api"]).first()
+        if api is None:
+            known = ", ".join(Api.objects.order_by("name").values_list("name", flat=True))
+            raise CommandError(f"no API named {options['api']!r} (known: {known or 'none'})")
+        owner = _owner(options["owner"])
+        path = options["file"]
+        fmt = options["format"] or ("jsonl" if path == "-" else Path(path).suffix.lstrip("."))
+        job = self._submit(api, owner, path, fmt, options)
+        admin_path = reverse("admin:ratejobs_job_change", args=[job.pk])
+        self.stdout.write(
+            f"job {job.pk} submitted: {job.total} calls to {api.name} (admin: {admin_path})"
+        )
+        if options["wait"]:
+            self._follow(job, options["poll"])
+
+    def _submit(self, api: Api, owner: Any, path: str, fmt: str, options: dict) -> Job:
+        try:
+            stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+        except OSError as exc:
+            raise CommandError(f"cannot read {path}: {exc.strerror}") from None
+        where = "standard input" if path == "-" else path
+        try:
+            calls = calls_from_upload(f"calls.{fmt}", stream)
+            return job_create(
+                owner=owner,
+                api=api,
+                name=options["name"] or ("calls from standard input" if path == "-" else
+                                         Path(path).name),
+                priority=options["priority"],
+                calls=calls,
+            )  # fmt: skip
+        except UploadError as exc:
+            raise CommandError(f"{where}: {exc}; nothing was stored") from None
+        except CallsInvalid as exc:
+            problems = "; ".join(calls.error_messages(exc.call_errors))
+            raise CommandError(f"{where}: {problems}; nothing was stored") from None
+        except ValidationError as exc:
+            raise CommandError(f"{'; '.join(exc.messages)}; nothing was stored") from None
+        finally:
+            if stream is not sys.stdin.buffer:
+                stream.close()
+
+    def _follow(self, job: Job, poll: float) -> None:
+        out = self.stderr  # the progress goes to stderr, the summary to stdout
+        out.style_func = None  # plain, not in the colour of errors
+        redraw = out.isatty()
+        last_line_at = float("-inf")
+        try:
+            while True:
+                job.refresh_from_db()
+                final = job.status in (Job.Status.COMPLETED, Job.Status.CANCELLED)
+                line = progress_line(job, job_paces([job]).get(job.pk, 0.0))
+                if redraw:
+                    out.write("\r" + line + "\033[K", ending="\n" if final else "")
+                    out.flush()
+                elif final or time.monotonic() - last_line_at >= PLAIN_LINE_EVERY:
+                    out.write(line)
+                    out.flush()
+                    last_line_at = time.monotonic()
+                if final:
+                    break
+                time.sleep(poll)
+        except KeyboardInterrupt:
+            raise CommandError(
+                f"stopped waiting; job {job.pk} keeps running (cancel it in the admin, or with "
+                f"POST /api/jobs/{job.pk}/cancel/)",
+                returncode=EXIT_INTERRUPTED,
+            ) from None
+        took = (job.finished - job.created).total_seconds() if job.finished else None
+        self.stdout.write(
+            f"job {job.pk} {job.status}: {job.succeeded} succeeded, {job.failed} failed, "
+            f"{job.cancelled} cancelled, {job.throttled} 429s, {job.retries} retries in "
+            f"{duration_text(took)}"
+        )
+        if job.succeeded != job.total:
+            raise CommandError(
+                f"{job.total - job.succeeded} of {job.total} calls did not succeed; see "
+                f"GET /api/jobs/{job.pk}/calls/?status=failed",
+                returncode=EXIT_CALLS_NOT_ALL_SUCCEEDED,
+            )
+
+
+def progress_line(job: Job, pace: float) -> str:
+    done = job.done
+    filled = round(BAR_WIDTH * done / job.total) if job.total else BAR_WIDTH
+    return (
+        f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {job.progress * 100:5.1f}% "
+        f"{done}/{job.total}  ok {job.succeeded}  failed {job.failed}  429s {job.throttled}  "
+        f"{pace:.1f}/s  ETA {duration_text(job_eta_seconds(job, pace))}  ({job.status})"
+    )
+
+
+def _owner(username: str | None) -> Any:
+    users = get_user_model().objects
+    if username:
+        owner = users.filter(username=username).first()
+        if owner is None:
+            raise CommandError(f"no user named {username!r}")
+        return owner
+    superusers = list(users.filter(is_superuser=True, is_active=True)[:2])
+    if len(superusers) != 1:
+        raise CommandError(
+            "say who owns the job with --owner USERNAME "
+            f"({'no' if not superusers else 'more than one'} superuser to default to)"
+        )
+    return superusers[0]

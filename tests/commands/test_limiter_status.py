@@ -1,0 +1,47 @@
+"""`manage.py limiter_status`: the live limiter state of each API, as text or JSON; a clear
+error and exit status 1 when Redis is down."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from ratejobs.services.apis import api_block, api_limiter
+
+pytestmark = pytest.mark.usefixtures("services_redis")
+
+
+def status(*args: str) -> str:
+    out = io.StringIO()
+    call_command("limiter_status", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_a_table_of_every_api_and_json_for_one(api, make_api):
+    other = make_api(rate=5, period=60, max_concurrency=3, adaptive=True, min_rate=1)
+    with api_limiter(api).slot(max_wait=1):
+        pass
+    api_block(api=api, seconds=30)
+    lines = status().splitlines()
+    assert lines[0].split()[:3] == ["API", "RATE", "NOW"]
+    row = next(line for line in lines if line.startswith(api.name + " "))
+    assert row.split()[1:5] == ["10/1s", "10/1s", "1", "no"]
+    assert "s" in row.split()[5] and row.split()[5] != "no"  # blocked for ~30 s
+    other_row = next(line for line in lines if line.startswith(other.name))
+    assert other_row.split()[1:5] == ["5/60s", "5/60s", "1", "min"]
+    assert "0/3" in other_row
+    (state,) = json.loads(status(api.name, "--json"))
+    assert (state["name"], state["rate"], state["counts"]["grants"]) == (api.name, 10.0, 1)
+    assert 25 < state["blocked_for"] <= 30
+    assert "credential" not in json.dumps(state)
+
+
+def test_an_unknown_name_and_a_dead_redis_are_clear_errors(api, redis_down):
+    with pytest.raises(CommandError, match="no API named 'nope'"):
+        status("nope")
+    with pytest.raises(CommandError, match="Redis cannot be reached") as raised:
+        status()
+    assert raised.value.returncode == 1

@@ -1,0 +1,136 @@
+"""`manage.py submit_job`: files in, a job stored through the same service as the admin and
+the REST API, errors by line with nothing stored; `--wait` follows a real job to its end."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from ratejobs.models import Call, Job
+from ratejobs.services.apis import api_create
+from tests.realparts import PROJECT_ROOT, database_url
+
+pytestmark = pytest.mark.usefixtures("services_redis")
+
+
+@pytest.fixture
+def root(django_user_model):
+    return django_user_model.objects.create_superuser("root", password="root-password")
+
+
+def submit(*args: str) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("submit_job", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_a_jsonl_file_becomes_a_job_of_its_calls(api, root, tmp_path):
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text(
+        json.dumps({"path": "/items/1"}) + "\n\n" + json.dumps({"method": "POST", "path": "/items",
+                                                               "json": {"n": 2}}) + "\n"
+    )  # fmt: skip
+    out, _ = submit("--api", api.name, "--file", str(calls), "--priority", "3")
+    job = Job.objects.get()
+    assert (job.name, job.total, job.priority, job.owner) == ("calls.jsonl", 2, 3, root)
+    assert f"job {job.pk} submitted: 2 calls to {api.name}" in out
+    assert f"/admin/ratejobs/job/{job.pk}/change/" in out
+    assert list(job.calls.values_list("method", "path")) == [("GET", "/items/1"),
+                                                             ("POST", "/items")]  # fmt: skip
+
+
+def test_a_csv_file_and_standard_input_work_too(api, root, tmp_path, monkeypatch):
+    csv_file = tmp_path / "calls.csv"
+    csv_file.write_text("method,path,query\nGET,/a,x=1\nDELETE,/b,\n")
+    submit("--api", api.name, "--file", str(csv_file), "--name", "from csv")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b'{"path": "/c"}\n')))
+    submit("--api", api.name, "--file", "-")
+    assert dict(Job.objects.values_list("name", "total")) == {
+        "from csv": 2,
+        "calls from standard input": 1,
+    }
+    assert Call.objects.get(path="/a").query == {"x": "1"}
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"path": "/a"}\n{"path": \n', "line 2: not valid JSON"),
+        ('{"path": "/a"}\n\n{"path": "https://evil.example/x"}\n', "line 3: path"),
+        ('{"path": "/a", "method": "BREW"}\n', "line 1: method"),
+    ],
+)
+def test_a_bad_line_is_named_and_nothing_is_stored(api, root, tmp_path, content, message):
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text(content)
+    with pytest.raises(CommandError, match=message) as raised:
+        submit("--api", api.name, "--file", str(calls))
+    assert "nothing was stored" in str(raised.value)
+    assert (Job.objects.count(), Call.objects.count()) == (0, 0)
+
+
+def test_unknown_api_owner_file_or_format_are_clear_errors(api, root, tmp_path, django_user_model):
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text('{"path": "/a"}\n')
+    with pytest.raises(CommandError, match=f"no API named 'nope' \\(known: {api.name}\\)"):
+        submit("--api", "nope", "--file", str(calls))
+    with pytest.raises(CommandError, match="no user named 'ghost'"):
+        submit("--api", api.name, "--file", str(calls), "--owner", "ghost")
+    with pytest.raises(CommandError, match="cannot read .*missing.jsonl"):
+        submit("--api", api.name, "--file", str(tmp_path / "missing.jsonl"))
+    text = tmp_path / "calls.txt"
+    text.write_text('{"path": "/a"}\n')
+    with pytest.raises(CommandError, match="unsupported file type"):
+        submit("--api", api.name, "--file", str(text))
+    django_user_model.objects.create_superuser("second", password="x")
+    with pytest.raises(CommandError, match="--owner USERNAME"):
+        submit("--api", api.name, "--file", str(calls))
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(180)
+def test_wait_follows_a_real_job_and_the_exit_status_says_if_calls_failed(
+    root, sandbox, start_worker, unique_name, tmp_path, redis_url
+):
+    # given a sandbox, an API at 50/s on it, one worker, and a file with 2 calls it answers 404
+    server = sandbox(rate=100, burst=10, headers="none")
+    api = api_create(name=unique_name, base_url=server.url, rate=50, burst=5)
+    start_worker(concurrency=2)
+    calls = tmp_path / "calls.jsonl"
+    lines = [{"path": f"/items/{i}"} for i in range(18)] + [{"path": "/status/404"}] * 2
+    calls.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings.test",
+        "DATABASE_URL": database_url(),
+        "REDIS_URL": redis_url,
+        "CELERY_BROKER_URL": redis_url,
+    }
+
+    def run(path: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "manage.py", "submit_job", "--api", api.name, "--file", path,
+             "--owner", "root", "--wait", "--poll", "0.3"],
+            cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    # expect: exit 1 with a summary when calls failed, progress lines on stderr (no terminal)
+    failed = run(str(calls))
+    print(failed.stdout, failed.stderr)
+    assert failed.returncode == 1
+    assert "18 succeeded, 2 failed, 0 cancelled" in failed.stdout
+    assert "2 of 20 calls did not succeed" in failed.stderr
+    assert "] 100.0% 20/20" in failed.stderr
+    # and exit 0 when every call succeeded
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps(line) + "\n" for line in lines[:5]))
+    succeeded = run(str(good))
+    assert succeeded.returncode == 0, succeeded.stderr
+    assert "5 succeeded, 0 failed" in succeeded.stdout
