@@ -92,3 +92,8 @@ def test_a_metrics_token_keeps_other_scrapers_out(client, api, settings):
     wrong = client.get("/metrics", headers={"Authorization": "Bearer nope"})
     assert wrong.status_code == 401
     assert scrape(client, Authorization="Bearer scrape-token")
+
+
+def test_the_health_check_answers_while_the_database_does(client):
+    response = client.get("/healthz")
+    assert (response.status_code, response.content) == (200, b"ok\n")

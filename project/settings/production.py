@@ -9,7 +9,24 @@ SECRET_KEY = env("DJANGO_SECRET_KEY")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS")
 
-# TLS ends at the proxy in front of us, which says so in this header.
+# TLS ends at the proxy in front of us, which says so in this header. DJANGO_HTTPS=false is
+# for trying the stack over plain http on one's own machine: secure cookies would never be
+# sent back there, and nobody could log in.
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-SESSION_COOKIE_SECURE = True
-CSRF_COOKIE_SECURE = True
+HTTPS = env.bool("DJANGO_HTTPS", default=True)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=3600 if HTTPS else 0)
+# Behind the proxy, the web container's own health check asks over plain http.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+
+# Static files from the app itself (whitenoise), compressed and with hashed names, so the
+# container needs no separate web server in front for them.
+_after = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1  # noqa: F405
+MIDDLEWARE = [*MIDDLEWARE[:_after], "whitenoise.middleware.WhiteNoiseMiddleware",  # noqa: F405
+              *MIDDLEWARE[_after:]]  # fmt: skip  # noqa: F405
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
