@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 from urllib.parse import parse_qsl, quote
 
-from django.core.exceptions import NON_FIELD_ERRORS
+from ratejobs.services.jobs import CallsInvalid
 
 # One line or row of a file may be this long: a file without newlines cannot force itself
 # into memory whole. A call's body is capped at 1 MiB, so 4 MiB leaves room for JSON escaping.
@@ -53,16 +53,9 @@ class NumberedCalls:
     def line_of(self, index: int) -> int | None:
         return self._lines[index] if 0 <= index < len(self._lines) else None
 
-    def error_messages(self, call_errors: dict[int, dict[str, list[str]]]) -> list[str]:
+    def error_messages(self, invalid: CallsInvalid) -> list[str]:
         """The job service's errors by call index, as messages by line."""
-        return [
-            f"line {self.line_of(index)}: {message}"
-            if field == NON_FIELD_ERRORS
-            else f"line {self.line_of(index)}: {field}: {message}"
-            for index, fields in call_errors.items()
-            for field, messages in fields.items()
-            for message in messages
-        ]
+        return invalid.messages_by(lambda index: f"line {self.line_of(index)}")
 
 
 def calls_from_jsonl(stream: IO[bytes]) -> NumberedCalls:

@@ -6,6 +6,7 @@ import io
 
 import pytest
 
+from ratejobs.services.jobs import CallsInvalid
 from ratejobs.uploads import (
     UploadError,
     calls_from_csv,
@@ -152,7 +153,8 @@ def test_each_call_remembers_the_line_it_came_from():
     calls = calls_from_jsonl(io.BytesIO(b'{"path": "/a"}\n\n{"path": "/b"}\n{"path": "/c"}\n'))
     assert [spec["path"] for spec in calls] == ["/a", "/b", "/c"]
     assert [calls.line_of(i) for i in range(4)] == [1, 3, 4, None]
-    assert calls.error_messages({2: {"path": ["bad"]}, 0: {"__all__": ["no"]}}) == [
+    invalid = CallsInvalid({2: {"path": ["bad"]}, 0: {"__all__": ["no"]}})
+    assert calls.error_messages(invalid) == [
         "line 4: path: bad",
         "line 1: no",
     ]

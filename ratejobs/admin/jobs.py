@@ -209,7 +209,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         except UploadError as exc:
             form.add_error(source, str(exc))
         except CallsInvalid as exc:  # by line of the file or of the values, not call index
-            for message in calls.error_messages(exc.call_errors):
+            for message in calls.error_messages(exc):
                 form.add_error(source, message)
         except ValidationError as exc:
             for message in exc.messages:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -29,18 +29,18 @@ class CallsInvalid(ValidationError):
 
     def __init__(self, call_errors: dict[int, dict[str, list[str]]]) -> None:
         self.call_errors = call_errors
-        super().__init__(
-            {
-                "calls": [
-                    f"call {index}: {message}"
-                    if field == NON_FIELD_ERRORS
-                    else f"call {index}: {field}: {message}"
-                    for index, fields in call_errors.items()
-                    for field, messages in fields.items()
-                    for message in messages
-                ]
-            }
-        )
+        super().__init__({"calls": self.messages_by(lambda index: f"call {index}")})
+
+    def messages_by(self, where: Callable[[int], str]) -> list[str]:
+        """One message per error, each starting with where(call index): "call 3", "line 5"."""
+        return [
+            f"{where(index)}: {message}"
+            if field == NON_FIELD_ERRORS
+            else f"{where(index)}: {field}: {message}"
+            for index, fields in self.call_errors.items()
+            for field, messages in fields.items()
+            for message in messages
+        ]
 
 
 def call_fields_from_spec(*, api: Api, spec: Any) -> dict[str, Any]:

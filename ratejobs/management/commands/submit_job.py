@@ -90,7 +90,7 @@ class Command(BaseCommand):
         except UploadError as exc:
             raise CommandError(f"{where}: {exc}; nothing was stored") from None
         except CallsInvalid as exc:
-            problems = "; ".join(calls.error_messages(exc.call_errors))
+            problems = "; ".join(calls.error_messages(exc))
             raise CommandError(f"{where}: {problems}; nothing was stored") from None
         except ValidationError as exc:
             raise CommandError(f"{'; '.join(exc.messages)}; nothing was stored") from None
