@@ -54,8 +54,14 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
         api = Api.objects.get(pk=api_id)
         in_window = Call.objects.filter(job__api_id=api_id, dispatched_at__isnull=False).count()
         free = dispatch_window(api) - in_window
-        jobs = list(
-            Job.objects.filter(api_id=api_id, status__in=Job.ACTIVE).order_by("dispatch_pass", "pk")
+        # Lock the jobs before their calls, in id order, as pause, cancel and recording an
+        # outcome do (job first): marking calls first and then updating their job deadlocked
+        # with a pause. After waiting on a lock, a job paused meanwhile drops out here.
+        jobs = sorted(
+            Job.objects.select_for_update()
+            .filter(api_id=api_id, status__in=Job.ACTIVE)
+            .order_by("pk"),
+            key=lambda job: (job.dispatch_pass, job.pk),
         )
         if free <= 0 or not jobs:
             return DispatchResult(0, None)

@@ -216,6 +216,8 @@ def call_record_outcome(*, call: Call, token: str, outcome: Outcome) -> bool:
 
 def _finish_unsendable(call: Call, token: str, error: str) -> None:
     with transaction.atomic():
+        # The job's row first, like every transaction that writes a job and its calls.
+        Job.objects.select_for_update().filter(pk=call.job_id).values_list("pk").first()
         updated = Call.objects.filter(
             pk=call.pk, status=Call.Status.RUNNING, claim_token=token
         ).update(

@@ -39,6 +39,11 @@ def test_a_table_of_every_api_and_json_for_one(api, make_api):
     assert "credential" not in json.dumps(state)
 
 
+def test_no_apis_is_said_in_words_and_an_empty_list_in_json():
+    assert "no APIs yet" in status()
+    assert json.loads(status("--json")) == []
+
+
 def test_an_unknown_name_and_a_dead_redis_are_clear_errors(api, redis_down):
     with pytest.raises(CommandError, match="no API named 'nope'"):
         status("nope")

@@ -8,10 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 
+from ratejobs.management.commands import submit_job
 from ratejobs.models import Call, Job
 from ratejobs.services.apis import api_create
 from tests.realparts import PROJECT_ROOT, database_url
@@ -59,20 +64,25 @@ def test_a_csv_file_and_standard_input_work_too(api, root, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
+    ("file_name", "content", "message"),
     [
-        ('{"path": "/a"}\n{"path": \n', "line 2: not valid JSON"),
-        ('{"path": "/a"}\n\n{"path": "https://evil.example/x"}\n', "line 3: path"),
-        ('{"path": "/a", "method": "BREW"}\n', "line 1: method"),
+        ("calls.jsonl", '{"path": "/a"}\n{"path": \n', "line 2: not valid JSON"),
+        ("calls.jsonl", '{"path": "/a"}\n\n{"path": "https://evil.example/x"}\n', "line 3: path"),
+        ("calls.jsonl", '{"path": "/a", "method": "BREW"}\n', "line 1: method"),
+        ("calls.csv", "path,headers\n/a,\n/b,{oops\n", "line 3: column headers: not valid JSON"),
+        ("calls.csv", "method,path\nGET,/a\n\nBREW,/b\n", "line 4: method"),
     ],
 )
-def test_a_bad_line_is_named_and_nothing_is_stored(api, root, tmp_path, content, message):
-    calls = tmp_path / "calls.jsonl"
+def test_a_bad_line_is_named_and_nothing_is_stored(
+    api, root, make_job, tmp_path, file_name, content, message
+):
+    make_job()  # a job already there stays the only one
+    calls = tmp_path / file_name
     calls.write_text(content)
     with pytest.raises(CommandError, match=message) as raised:
         submit("--api", api.name, "--file", str(calls))
     assert "nothing was stored" in str(raised.value)
-    assert (Job.objects.count(), Call.objects.count()) == (0, 0)
+    assert (Job.objects.count(), Call.objects.count()) == (1, 3)
 
 
 def test_unknown_api_owner_file_or_format_are_clear_errors(api, root, tmp_path, django_user_model):
@@ -88,10 +98,63 @@ def test_unknown_api_owner_file_or_format_are_clear_errors(api, root, tmp_path, 
     text.write_text('{"path": "/a"}\n')
     with pytest.raises(CommandError, match="unsupported file type"):
         submit("--api", api.name, "--file", str(text))
+    with pytest.raises(CommandError, match="priority: Ensure this value is less than or equal"):
+        submit("--api", api.name, "--file", str(calls), "--priority", "1000")
     django_user_model.objects.create_superuser("second", password="x")
     with pytest.raises(CommandError, match="--owner USERNAME"):
         submit("--api", api.name, "--file", str(calls))
     assert Job.objects.count() == 0
+
+
+def clock(sleep: Callable[[float], None]) -> SimpleNamespace:
+    """The command's `time`, its sleep replaced (the time module stays whole for the rest)."""
+    return SimpleNamespace(monotonic=time.monotonic, sleep=sleep)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_wait_redraws_one_line_on_a_terminal_and_exits_0_when_all_succeeded(
+    api, root, tmp_path, monkeypatch
+):
+    # given a job that completes (as workers would) while the command waits
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text('{"path": "/a"}\n{"path": "/b"}\n')
+
+    def workers_finish(seconds: float) -> None:
+        Job.objects.update(status=Job.Status.COMPLETED, succeeded=2, finished=timezone.now())
+
+    monkeypatch.setattr(submit_job, "time", clock(sleep=workers_finish))
+    out, err = io.StringIO(), Terminal()
+    call_command("submit_job", "--api", api.name, "--file", str(calls), "--wait",
+                 stdout=out, stderr=err)  # fmt: skip
+    # expect: the bar drawn over itself (\r, erase to end of line), ending on its last state
+    progress = err.getvalue()
+    assert progress.startswith("\r[" + "." * submit_job.BAR_WIDTH + "]   0.0% 0/2")
+    assert progress.endswith("\r[" + "#" * submit_job.BAR_WIDTH + "] 100.0% 2/2  ok 2  failed 0"
+                             "  429s 0  0.0/s  ETA —  (completed)\033[K\n")  # fmt: skip
+    assert progress.count("\n") == 1
+    assert "completed: 2 succeeded, 0 failed, 0 cancelled" in out.getvalue()
+
+
+def test_ctrl_c_while_waiting_exits_130_and_leaves_the_job_running(
+    api, root, tmp_path, monkeypatch
+):
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text('{"path": "/a"}\n')
+
+    def ctrl_c(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(submit_job, "time", clock(sleep=ctrl_c))
+    with pytest.raises(CommandError, match="keeps running") as raised:
+        submit("--api", api.name, "--file", str(calls), "--wait")
+    job = Job.objects.get()
+    assert raised.value.returncode == 130
+    assert f"POST /api/jobs/{job.pk}/cancel/" in str(raised.value)
+    assert job.status == Job.Status.QUEUED
 
 
 @pytest.mark.django_db(transaction=True)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import redis
 from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 from django.utils import timezone
 
 from project.celery import app
@@ -112,3 +116,40 @@ def test_reconciler_cancels_a_call_taken_back_from_a_dead_worker_in_a_cancelled_
     assert (result.recovered, result.cancelled) == (1, 1)
     assert Call.objects.get(pk=running.pk).status == "cancelled"
     assert (job.cancelled, job.total, job.status) == (3, 3, "cancelled")
+
+
+def test_a_dispatch_running_while_a_job_is_paused_neither_deadlocks_nor_dispatches_it(
+    broker, unique_name
+):
+    # given a job whose row is locked by a transaction that is about to pause it, and a
+    # dispatch of its API starting at that moment (both lock the job and its calls)
+    owner = get_user_model().objects.create_user("pauser", password="x")
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9", rate=100, burst=10)
+    job = job_create(owner=owner, api=api, name="paused mid-dispatch", calls=[{"path": "/a"}] * 20)
+    errors: list[BaseException] = []
+    results = []
+
+    def dispatch() -> None:
+        try:
+            results.append(dispatch_api(api_id=api.pk))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        Job.objects.select_for_update().get(pk=job.pk)
+        dispatcher = threading.Thread(target=dispatch)
+        dispatcher.start()
+        time.sleep(1.0)  # the dispatcher runs up to the job's lock meanwhile
+        # when the pause goes on and commits
+        try:
+            job_pause(job=job)
+        except BaseException as exc:
+            errors.append(exc)
+    dispatcher.join(30)
+    # expect: no deadlock, and the paused job got no message
+    assert errors == []
+    assert Job.objects.get(pk=job.pk).status == "paused"
+    assert results[0].dispatched == 0
+    assert not Call.objects.filter(job=job, dispatched_at__isnull=False).exists()

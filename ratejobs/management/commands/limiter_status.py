@@ -24,14 +24,15 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="one JSON document")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        apis = list(api_list())
-        if options["name"]:
-            apis = [api for api in apis if api.name == options["name"]]
-            if not apis:
-                raise CommandError(f"no API named {options['name']!r}")
+        apis = list(api_list().filter(name=options["name"]) if options["name"] else api_list())
+        if options["name"] and not apis:
+            raise CommandError(f"no API named {options['name']!r}")
         states = {api.name: _state(api) for api in apis}
         if options["json"]:
             self.stdout.write(json.dumps([_as_json(s) for s in states.values()], indent=2))
+            return
+        if not states:
+            self.stdout.write("no APIs yet: add one in the admin or with POST /api/apis/")
             return
         rows = [COLUMNS, *(_row(name, state) for name, state in states.items())]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]

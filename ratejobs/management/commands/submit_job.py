@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 
-from ratejobs.models import Api, Job
+from ratejobs.models import MAX_PRIORITY, Api, Job
+from ratejobs.selectors.apis import api_list
 from ratejobs.selectors.jobs import duration_text, job_eta_seconds, job_paces
 from ratejobs.services.jobs import CallsInvalid, job_create
 from ratejobs.uploads import UploadError, calls_from_upload
@@ -44,10 +45,15 @@ class Command(BaseCommand):
         parser.add_argument("--name", help="the job's name (default: the file's name)")
         parser.add_argument(
             "--owner",
-            help="username the job belongs to (default: the only superuser, when there is "
-            "exactly one; jobs are visible to their owner and to staff)",
+            help="username the job belongs to; jobs are visible to their owner and to staff "
+            "(default: the only superuser when there is exactly one; with several it must be "
+            "named, so that a job never belongs to someone by guesswork)",
         )
-        parser.add_argument("--priority", type=int, default=1, help="share of the API (1-100)")
+        parser.add_argument(
+            "--priority", type=int, default=1,
+            help=f"1-{MAX_PRIORITY}: a job of priority 2 gets twice the share of its API as one "
+            "of priority 1 (default: 1)",
+        )  # fmt: skip
         parser.add_argument(
             "--wait", action="store_true", help="show progress until the job is done"
         )
@@ -56,9 +62,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        api = Api.objects.filter(name=options["api"]).first()
+        api = api_list().filter(name=options["api"]).first()
         if api is None:
-            known = ", ".join(Api.objects.order_by("name").values_list("name", flat=True))
+            known = ", ".join(api_list().values_list("name", flat=True))
             raise CommandError(f"no API named {options['api']!r} (known: {known or 'none'})")
         owner = _owner(options["owner"])
         path = options["file"]
@@ -93,14 +99,20 @@ class Command(BaseCommand):
             problems = "; ".join(calls.error_messages(exc))
             raise CommandError(f"{where}: {problems}; nothing was stored") from None
         except ValidationError as exc:
-            raise CommandError(f"{'; '.join(exc.messages)}; nothing was stored") from None
+            raise CommandError(f"{_problems(exc)}; nothing was stored") from None
+        except OSError as exc:  # the file went away or failed while being read
+            raise CommandError(f"cannot read {where}: {exc}; nothing was stored") from None
+        except KeyboardInterrupt:  # job_create's transaction has rolled back
+            raise CommandError(
+                f"interrupted while reading {where}; nothing was stored",
+                returncode=EXIT_INTERRUPTED,
+            ) from None
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()
 
     def _follow(self, job: Job, poll: float) -> None:
         out = self.stderr  # the progress goes to stderr, the summary to stdout
-        out.style_func = None  # plain, not in the colour of errors
         redraw = out.isatty()
         last_line_at = float("-inf")
         try:
@@ -109,10 +121,10 @@ class Command(BaseCommand):
                 final = job.status in (Job.Status.COMPLETED, Job.Status.CANCELLED)
                 line = progress_line(job, job_paces([job]).get(job.pk, 0.0))
                 if redraw:
-                    out.write("\r" + line + "\033[K", ending="\n" if final else "")
+                    out.write("\r" + line + "\033[K", _plain, ending="\n" if final else "")
                     out.flush()
                 elif final or time.monotonic() - last_line_at >= PLAIN_LINE_EVERY:
-                    out.write(line)
+                    out.write(line, _plain)
                     out.flush()
                     last_line_at = time.monotonic()
                 if final:
@@ -145,6 +157,22 @@ def progress_line(job: Job, pace: float) -> str:
         f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {job.progress * 100:5.1f}% "
         f"{done}/{job.total}  ok {job.succeeded}  failed {job.failed}  429s {job.throttled}  "
         f"{pace:.1f}/s  ETA {duration_text(job_eta_seconds(job, pace))}  ({job.status})"
+    )
+
+
+def _plain(text: str) -> str:
+    """Progress on stderr, but not in the colour Django gives errors there."""
+    return text
+
+
+def _problems(exc: ValidationError) -> str:
+    """The job's own field errors (name, priority) with the field each is about."""
+    if not hasattr(exc, "error_dict"):
+        return "; ".join(exc.messages)
+    return "; ".join(
+        f"{field}: {message}"
+        for field, messages in exc.message_dict.items()
+        for message in messages
     )
 
 
