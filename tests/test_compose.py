@@ -11,12 +11,13 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from django.core.management import get_commands
+from django.core.management import get_commands, load_command_class
 from jsonschema.validators import validator_for
 
 from ratejobs.sandbox.config import parse_argv
@@ -24,6 +25,9 @@ from ratejobs.sandbox.config import parse_argv
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
 LONG_RUNNING = ("postgres", "redis", "web", "worker", "beat", "flower", "sandbox")
+# ${NAME}, ${NAME:-default}, ${NAME-default}, ${NAME:?error}, ${NAME?error}; "$${" is an
+# escaped dollar, left for the container's shell.
+VARIABLE = re.compile(r"(?<!\$)\$\{(?P<name>[A-Za-z0-9_]+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
 
 
 @pytest.fixture(scope="module")
@@ -49,12 +53,51 @@ def test_the_schema_check_would_catch_a_broken_file(compose):
     assert any("service_ready" in error for error in errors)
 
 
+def env_example() -> dict[str, str]:
+    lines = (ROOT / ".env.example").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if re.match(r"^[A-Z0-9_]+=", line))
+
+
+def interpolate(value: str, env: Mapping[str, str]) -> str:
+    """A value as compose reads it when `env` is the project's .env."""
+
+    def substitute(match: re.Match[str]) -> str:
+        name, op, arg = match["name"], match["op"] or "", match["arg"]
+        found = env.get(name)
+        if found is not None and not (op.startswith(":") and found == ""):
+            return found
+        if op.endswith("?"):
+            pytest.fail(f"compose would refuse to start: {name} {arg}")
+        return arg if op.endswith("-") else ""
+
+    return VARIABLE.sub(substitute, value).replace("$$", "$")
+
+
 def command_of(service: dict[str, Any]) -> list[str]:
     command = service["command"]
-    return shlex.split(command) if isinstance(command, str) else list(command)
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    return [interpolate(arg, env_example()) for arg in argv]
+
+
+def run_python(*argv: str, env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv], cwd=ROOT, env=dict(env), capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+
+
+def production_env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "project.settings.production",
+        "DJANGO_SECRET_KEY": "k" * 50,
+        "DJANGO_ALLOWED_HOSTS": "localhost",
+    }
 
 
 def test_every_service_command_exists_in_the_project(compose):
+    # given each command with the values of .env.example, expect its program to accept every
+    # option it is given: a typo would otherwise show only when the container starts
     celery_subcommands = set()
     for name, service in compose["services"].items():
         if "command" not in service or "image" in service and "build" not in service:
@@ -62,38 +105,47 @@ def test_every_service_command_exists_in_the_project(compose):
         argv = command_of(service)
         if argv[:3] == ["celery", "-A", "project"]:
             celery_subcommands.add(argv[3])
+            # click rejects an unknown subcommand or option before it acts on --help
+            env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings.base"}
+            result = run_python("-m", *argv, "--help", env=env)
+            assert result.returncode == 0, (name, result.stderr[-2000:])
+            if argv[3] == "flower":
+                # Flower hands its own options to tornado, which click never sees
+                result = run_python(
+                    "-c", "import sys; from flower.options import options; "
+                    "options.parse_command_line(sys.argv[1:], final=False)", *argv[3:], env=env,
+                )  # fmt: skip
+                assert result.returncode == 0, (name, result.stderr[-2000:])
         elif argv[:2] == ["python", "manage.py"]:
             assert argv[2] in get_commands(), name
+            command = load_command_class(get_commands()[argv[2]], argv[2])
+            command.create_parser("manage.py", argv[2]).parse_args(argv[3:])
         elif argv[:3] == ["python", "-m", "ratejobs.sandbox"]:
             config, _ = parse_argv(argv[3:])  # raises SystemExit on an unknown option
             assert config.enforced_rate < config.rate, "the demo sandbox should throttle"
-        elif argv[0] == "gunicorn":
-            assert argv[1] == "project.wsgi"
+        elif argv[:2] == ["gunicorn", "project.wsgi"]:
+            # --check-config parses the options and loads the app with production settings
+            result = run_python("-m", "gunicorn", "--check-config", *argv[1:], env=production_env())
+            assert result.returncode == 0, (name, result.stderr[-2000:])
         else:
             pytest.fail(f"{name}: unknown command {argv}")
     assert celery_subcommands == {"worker", "beat", "flower"}
+
+
+def test_the_command_check_would_catch_a_misspelt_option():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "project.settings.base"}
-    for subcommand in sorted(celery_subcommands):
-        result = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "project", subcommand, "--help"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert result.returncode == 0, (subcommand, result.stderr[-2000:])
+    misspelt = ["-m", "celery", "-A", "project", "worker", "--concurency", "8", "--help"]
+    assert run_python(*misspelt, env=env).returncode != 0
+    assert run_python("-m", "gunicorn", "--check-config", "project.wsgi", "--bnd", "0.0.0.0:8000",
+                      env=production_env()).returncode != 0  # fmt: skip
 
 
 def test_the_web_command_serves_the_production_settings():
     # gunicorn imports project.wsgi with the settings module the image sets
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "project.settings.production",
-        "DJANGO_SECRET_KEY": "k" * 50,
-        "DJANGO_ALLOWED_HOSTS": "localhost",
-    }
-    result = subprocess.run(
-        [sys.executable, "-c", "import gunicorn, project.wsgi; from django.conf import settings;"
-         "print(settings.SETTINGS_MODULE, 'whitenoise.middleware.WhiteNoiseMiddleware' in "
-         "settings.MIDDLEWARE)"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    result = run_python(
+        "-c", "import gunicorn, project.wsgi; from django.conf import settings;"
+        "print(settings.SETTINGS_MODULE, 'whitenoise.middleware.WhiteNoiseMiddleware' in "
+        "settings.MIDDLEWARE)", env=production_env(),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["project.settings.production", "True"]
@@ -110,6 +162,9 @@ def test_the_dockerfile_copies_what_exists_and_runs_unprivileged():
         if not source.startswith("--")
     ]
     assert sources and all((ROOT / source).exists() for source in sources)
+    # the build context leaves out local secrets, the virtualenv and local databases
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".env", ".venv", ".git", "db.sqlite3*"} <= ignored
     assert re.search(r"^USER (?!root)\w+", dockerfile, re.MULTILINE)
 
 
@@ -139,7 +194,47 @@ def test_each_service_has_what_production_needs(compose):
 
 
 def test_every_variable_the_compose_file_uses_is_in_env_example():
-    used = set(re.findall(r"\$\{([A-Z0-9_]+)", (ROOT / "docker-compose.yml").read_text()))
-    example = (ROOT / ".env.example").read_text()
-    listed = set(re.findall(r"^([A-Z0-9_]+)=", example, re.MULTILINE))
-    assert used and used <= listed, used - listed
+    text = (ROOT / "docker-compose.yml").read_text()
+    used = {match["name"] for match in VARIABLE.finditer(text)}
+    assert used and used <= set(env_example()), used - set(env_example())
+
+
+# Run in a clean interpreter: the settings module reads the environment once, at import.
+SETTINGS_PROBE = """
+import json, re, sys
+from urllib.parse import urlsplit
+from django.conf import settings
+from django.http.request import validate_host
+url = urlsplit(sys.argv[1])
+print(json.dumps({
+    "debug": settings.DEBUG,
+    "database": [settings.DATABASES["default"]["ENGINE"], settings.DATABASES["default"]["HOST"]],
+    "password": settings.DATABASES["default"]["PASSWORD"],
+    "redis": settings.REDIS_URL,
+    "broker": settings.CELERY_BROKER_URL,
+    "health_host_allowed": validate_host(url.hostname, settings.ALLOWED_HOSTS),
+    "health_exempt_from_https": any(
+        re.search(p, url.path.lstrip("/")) for p in settings.SECURE_REDIRECT_EXEMPT
+    ),
+}))
+"""
+
+
+def test_production_settings_load_from_env_example_and_the_compose_environment(compose):
+    # given a checkout after `cp .env.example .env`, expect the app containers' environment to
+    # hold every variable production settings require, pointing at the compose services, and
+    # the web health check to pass host validation and the https redirect (DJANGO_HTTPS=true)
+    web = compose["services"]["web"]
+    example = env_example()
+    environment = {k: interpolate(str(v), example) for k, v in web["environment"].items()}
+    container_env = {"PATH": os.environ["PATH"], **example, **environment, "DJANGO_HTTPS": "true"}
+    health_url = re.search(r"'(http://[^']+)'", " ".join(web["healthcheck"]["test"]))[1]
+    result = run_python("-c", SETTINGS_PROBE, health_url, env=container_env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    probe = json.loads(result.stdout)
+    assert probe["debug"] is False
+    assert probe["database"] == ["django.db.backends.postgresql", "postgres"]
+    # the same variable sets the server's password and, inside a URL, the app's
+    assert probe["password"] == example["POSTGRES_PASSWORD"]
+    assert probe["redis"] == probe["broker"] == "redis://redis:6379/0"
+    assert probe["health_host_allowed"] and probe["health_exempt_from_https"]
