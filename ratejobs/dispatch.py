@@ -54,6 +54,8 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
         api = Api.objects.get(pk=api_id)
         in_window = Call.objects.filter(job__api_id=api_id, dispatched_at__isnull=False).count()
         free = dispatch_window(api) - in_window
+        if free <= 0:  # the common case while a job runs: no job row is locked for nothing
+            return DispatchResult(0, None)
         # Lock the jobs before their calls, in id order, as pause, cancel and recording an
         # outcome do (job first): marking calls first and then updating their job deadlocked
         # with a pause. After waiting on a lock, a job paused meanwhile drops out here.
@@ -63,7 +65,7 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
             .order_by("pk"),
             key=lambda job: (job.dispatch_pass, job.pk),
         )
-        if free <= 0 or not jobs:
+        if not jobs:
             return DispatchResult(0, None)
         due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
         candidates = {

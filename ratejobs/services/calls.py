@@ -21,7 +21,7 @@ from ratejobs.execution.http import session_for_process
 from ratejobs.execution.request import HttpRequest, build_request
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_limiter
-from ratejobs.services.jobs import job_complete_if_done
+from ratejobs.services.jobs import job_complete_if_done, job_lock
 
 logger = logging.getLogger(__name__)
 
@@ -161,9 +161,7 @@ def call_record_outcome(*, call: Call, token: str, outcome: Outcome) -> bool:
     # Lock the job first, as job_cancel does: a cancel cannot slip between this check and the
     # write below, so an attempt that ends in a retry never leaves a pending call behind in a
     # cancelled job.
-    job_status = (
-        Job.objects.select_for_update().filter(pk=call.job_id).values_list("status", flat=True)
-    ).first()
+    job_status = job_lock(call.job_id)
     kind = outcome.kind
     if kind not in ("succeeded", "failed") and job_status == Job.Status.CANCELLED:
         kind = "cancelled"
@@ -216,8 +214,7 @@ def call_record_outcome(*, call: Call, token: str, outcome: Outcome) -> bool:
 
 def _finish_unsendable(call: Call, token: str, error: str) -> None:
     with transaction.atomic():
-        # The job's row first, like every transaction that writes a job and its calls.
-        Job.objects.select_for_update().filter(pk=call.job_id).values_list("pk").first()
+        job_lock(call.job_id)
         updated = Call.objects.filter(
             pk=call.pk, status=Call.Status.RUNNING, claim_token=token
         ).update(

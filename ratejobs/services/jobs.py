@@ -171,6 +171,14 @@ def _store_calls(job: Job, calls: Iterable[Any]) -> int:
     return total
 
 
+def job_lock(job_id: int) -> str | None:
+    """Lock the job's row and return its status (None if it is gone). Every transaction that
+    writes a job and its calls takes this lock first, so they cannot deadlock each other."""
+    return (
+        Job.objects.select_for_update().filter(pk=job_id).values_list("status", flat=True).first()
+    )
+
+
 def job_complete_if_done(*, job_id: int) -> bool:
     """Mark the job completed once every call is final (counters move with the calls)."""
     return bool(
@@ -228,7 +236,7 @@ def job_cancel_leftovers() -> int:
     )
     for job_id in list(job_ids):
         with transaction.atomic():
-            Job.objects.select_for_update().filter(pk=job_id).values_list("pk").first()
+            job_lock(job_id)
             leftovers += _cancel_pending_calls(job_id=job_id, now=timezone.now())
     return leftovers
 
