@@ -27,4 +27,4 @@ USER ratejobs
 
 ENV DJANGO_SETTINGS_MODULE=project.settings.production
 EXPOSE 8000
-CMD ["gunicorn", "project.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--access-logfile", "-"]
+CMD ["gunicorn", "project.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--timeout", "600", "--access-logfile", "-"]

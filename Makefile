@@ -18,7 +18,7 @@ test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Everything on one machine until Ctrl-C: Redis (found or private), the sandbox API, web on
-# WEB_HOST:WEB_PORT (0.0.0.0:8000), two workers, beat, Flower on FLOWER_PORT (5555).
+# WEB_HOST:WEB_PORT (127.0.0.1:8000; WEB_HOST=0.0.0.0 opens it to the network), two workers, beat, Flower on FLOWER_PORT (5555).
 demo: venv
 	$(PY) scripts/demo.py
 

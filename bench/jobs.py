@@ -37,7 +37,7 @@ import environ
 import redis
 
 from ratejobs import devredis
-from ratejobs.processes import stop_process_group
+from ratejobs.processes import child_pids, stop_process_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CALLS = 10_000
@@ -120,11 +120,8 @@ class Worker:
 
     def cpu_seconds(self) -> float:
         """CPU time used so far by the worker and its pool processes, alive or reaped."""
-        out = subprocess.run(
-            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)], capture_output=True, text=True
-        ).stdout
         total = 0.0
-        for pid in [self.process.pid, *map(int, out.split())]:
+        for pid in [self.process.pid, *child_pids(self.process.pid)]:
             with contextlib.suppress(OSError):
                 # /proc/<pid>/stat after the ")" that ends the command name: utime, stime,
                 # cutime and cstime are its fields 12 to 15 (proc(5) numbers them 14 to 17).
@@ -430,6 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "DATABASE_URL": database_url,
             "REDIS_URL": redis_url,
             "CELERY_BROKER_URL": redis_url,
+            # The sandbox listens on loopback, which the outbound policy refuses by default.
+            "RATEJOBS_OUTBOUND_ALLOW": os.environ.get(
+                "RATEJOBS_OUTBOUND_ALLOW", "127.0.0.1/32,::1/128"
+            ),
         }
         os.environ.update(env)
         _progress(f"database {_redact(database_url)}, Redis {redis_url}, temp dir {tmp}")

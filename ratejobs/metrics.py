@@ -114,11 +114,17 @@ REGISTRY = build_registry()
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """The Prometheus text format; with RATEJOBS_METRICS_TOKEN set, only for a scraper that
-    sends it as a bearer token."""
+    """The Prometheus text format, for a scraper that sends RATEJOBS_METRICS_TOKEN as a bearer
+    token; for anyone only when RATEJOBS_METRICS_PUBLIC says so (fails closed)."""
     token = settings.RATEJOBS_METRICS_TOKEN
     if token:
         sent = request.headers.get("Authorization", "").removeprefix("Bearer ")
         if not hmac.compare_digest(sent.encode(), token.encode()):
             return HttpResponse("metrics need the bearer token\n", status=401)
+    elif not settings.RATEJOBS_METRICS_PUBLIC:
+        return HttpResponse(
+            "metrics are closed: set RATEJOBS_METRICS_TOKEN (a bearer token for the scraper) "
+            "or RATEJOBS_METRICS_PUBLIC=true\n",
+            status=403,
+        )
     return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

@@ -45,6 +45,14 @@ class Api(models.Model):
     # (Fernet); it is never stored, returned or logged in clear.
     credential_env = models.CharField(max_length=200, blank=True)
     credential_encrypted = models.TextField(blank=True, editable=False)
+    # Who may spend this API's quota and credential (ratejobs.permissions.can_submit_to).
+    submitter_groups = models.ManyToManyField(
+        "auth.Group",
+        blank=True,
+        related_name="submittable_apis",
+        help_text="only members of these groups (and managers) may submit jobs to this API; "
+        "none: everyone who may sign in",
+    )
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -52,6 +60,8 @@ class Api(models.Model):
         ordering = ["name"]
         verbose_name = "API"
         verbose_name_plural = "APIs"
+        # The manager role of ratejobs.permissions; grant it to a user or a group.
+        permissions = [("manage_api", "Can create and change APIs, limits and credentials")]
 
     def __str__(self) -> str:
         return self.name

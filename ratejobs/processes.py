@@ -19,3 +19,21 @@ def stop_process_group(process: subprocess.Popen, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live direct children of `pid` (a Celery prefork pool's processes), read from /proc
+    rather than from a `ps` found on PATH."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                fields = stat.read().rpartition(b")")[2].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(entry))
+    return sorted(children)

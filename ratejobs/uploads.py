@@ -32,6 +32,7 @@ class UploadError(ValueError):
     def __init__(self, message: str, line: int | None = None) -> None:
         super().__init__(f"line {line}: {message}" if line is not None else message)
         self.line = line
+        self.reason = message  # without the line, for replies that name the line apart
 
 
 class NumberedCalls:

@@ -44,7 +44,8 @@ READY_TIMEOUT = 90.0
 
 class Demo:
     def __init__(self) -> None:
-        self.web_host = os.environ.get("WEB_HOST", "0.0.0.0")
+        # This machine only by default: the demo's admin password is printed on the screen.
+        self.web_host = os.environ.get("WEB_HOST", "127.0.0.1")
         self.web_port = int(os.environ.get("WEB_PORT", "8000"))
         self.flower_port = int(os.environ.get("FLOWER_PORT", "5555"))
         self.sandbox_port = int(os.environ.get("SANDBOX_PORT", "8081"))
@@ -56,7 +57,8 @@ class Demo:
 
     @property
     def browse_host(self) -> str:
-        return "localhost" if self.web_host in ("0.0.0.0", "::") else self.web_host
+        # compares with the all-interfaces addresses to print a browsable one; binds nothing
+        return "localhost" if self.web_host in ("0.0.0.0", "::") else self.web_host  # noqa: S104
 
     def run(self) -> int:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -85,6 +87,12 @@ class Demo:
                 "DJANGO_SETTINGS_MODULE", "project.settings.base"
             ),
             RATEJOBS_FLOWER_URL=f"http://{self.browse_host}:{self.flower_port}/",
+            # The sandbox listens on loopback, which the outbound policy refuses by default.
+            RATEJOBS_OUTBOUND_ALLOW=os.environ.get(
+                "RATEJOBS_OUTBOUND_ALLOW", "127.0.0.1/32,::1/128"
+            ),
+            # bound to this machine (WEB_HOST), so anyone who can reach it may read them
+            RATEJOBS_METRICS_PUBLIC=os.environ.get("RATEJOBS_METRICS_PUBLIC", "true"),
         )
         self.sandbox = start_sandbox_process(
             port=self.sandbox_port,

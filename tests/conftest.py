@@ -40,6 +40,19 @@ def redis_url() -> Iterator[str]:
     server.stop()
 
 
+@pytest.fixture(autouse=True)
+def _throttles_count_in_the_test_redis(redis_url: str, unique_name: str, settings: Any) -> None:
+    """The shared cache (job-creation throttle) is the test Redis, under a prefix of this test's
+    own, so no test sees another's counts."""
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_url,
+            "KEY_PREFIX": f"ratejobs:test-cache:{unique_name}",
+        }
+    }
+
+
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_url, decode_responses=False)
@@ -115,6 +128,50 @@ def other_user(django_user_model: Any) -> Any:
 @pytest.fixture
 def staff(django_user_model: Any) -> Any:
     return django_user_model.objects.create_user("sam", password="sam-password", is_staff=True)
+
+
+@pytest.fixture
+def manager(django_user_model: Any) -> Any:
+    """Staff who manage APIs through the ratejobs.manage_api permission, given by a group."""
+    from django.contrib.auth.models import Group, Permission
+
+    group, _ = Group.objects.get_or_create(name="api managers")
+    group.permissions.add(Permission.objects.get(codename="manage_api"))
+    person = django_user_model.objects.create_user("meg", password="meg-password", is_staff=True)
+    person.groups.add(group)
+    return person
+
+
+@pytest.fixture
+def superuser(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_superuser("root", password="root-password")
+
+
+@pytest.fixture
+def client_for() -> Callable[[Any], Any]:
+    """A REST client signed in as `user` (anonymous for None)."""
+    from rest_framework.test import APIClient
+
+    def make(user: Any | None) -> APIClient:
+        client = APIClient()
+        if user is not None:
+            client.force_authenticate(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def admin_client_for() -> Callable[[Any], Any]:
+    """A browser-like client logged in to the admin as `user`."""
+    from django.test import Client
+
+    def make(user: Any) -> Client:
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
 
 
 @pytest.fixture

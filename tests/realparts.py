@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from ratejobs.processes import stop_process_group
+from ratejobs.processes import child_pids, stop_process_group
 from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -39,10 +39,7 @@ class Worker:
 
     def pool_pids(self) -> list[int]:
         """The prefork pool's child processes (the ones that run tasks)."""
-        out = subprocess.run(
-            ["ps", "-o", "pid=", "--ppid", str(self.process.pid)], capture_output=True, text=True
-        ).stdout
-        return [int(pid) for pid in out.split()]
+        return child_pids(self.process.pid)
 
     def stop(self) -> None:
         stop_process_group(self.process, WORKER_STOP_TIMEOUT)

@@ -191,6 +191,12 @@ def test_each_service_has_what_production_needs(compose):
         assert services[name]["environment"]["DJANGO_SETTINGS_MODULE"] == (
             "project.settings.production"
         )
+    # Flower (task arguments, revoke) never without a login, and on loopback only
+    flower = services["flower"]
+    assert flower["ports"] and all(p.startswith("127.0.0.1:") for p in flower["ports"])
+    assert any(arg.startswith("--basic-auth=${FLOWER_BASIC_AUTH:?") for arg in flower["command"]), (
+        "compose must refuse to start Flower without FLOWER_BASIC_AUTH"
+    )
 
 
 def test_every_variable_the_compose_file_uses_is_in_env_example():
@@ -212,6 +218,7 @@ print(json.dumps({
     "password": settings.DATABASES["default"]["PASSWORD"],
     "redis": settings.REDIS_URL,
     "broker": settings.CELERY_BROKER_URL,
+    "metrics_public": settings.RATEJOBS_METRICS_PUBLIC,
     "health_host_allowed": validate_host(url.hostname, settings.ALLOWED_HOSTS),
     "health_exempt_from_https": any(
         re.search(p, url.path.lstrip("/")) for p in settings.SECURE_REDIRECT_EXEMPT
@@ -220,19 +227,51 @@ print(json.dumps({
 """
 
 
-def test_production_settings_load_from_env_example_and_the_compose_environment(compose):
-    # given a checkout after `cp .env.example .env`, expect the app containers' environment to
-    # hold every variable production settings require, pointing at the compose services, and
-    # the web health check to pass host validation and the https redirect (DJANGO_HTTPS=true)
+def edited_env_example() -> dict[str, str]:
+    """.env.example as an operator leaves it: every CHANGE-ME replaced by a value of their own."""
+    return {
+        name: ("chosen-" + "x" * 60 if "CHANGE-ME" in value else value)
+        for name, value in env_example().items()
+    }
+
+
+def container_environment(compose: dict[str, Any], example: dict[str, str]) -> dict[str, str]:
     web = compose["services"]["web"]
-    example = env_example()
     environment = {k: interpolate(str(v), example) for k, v in web["environment"].items()}
-    container_env = {"PATH": os.environ["PATH"], **example, **environment, "DJANGO_HTTPS": "true"}
+    return {"PATH": os.environ["PATH"], **example, **environment}
+
+
+def test_production_settings_refuse_the_placeholders_of_env_example(compose):
+    # given `cp .env.example .env` and nothing changed, expect the app to refuse to start and
+    # name every variable still holding a placeholder
+    result = run_python("-c", SETTINGS_PROBE, "http://127.0.0.1:8000/healthz",
+                        env=container_environment(compose, env_example()))  # fmt: skip
+    assert result.returncode != 0
+    for name in ("DJANGO_SECRET_KEY", "FLOWER_BASIC_AUTH", "POSTGRES_PASSWORD"):
+        assert name in result.stderr
+    assert env_example()["DJANGO_HTTPS"] == "true"  # https on unless someone turns it off
+
+
+@pytest.mark.parametrize("secret_key", ["short-key", "django-insecure-" + "x" * 50])
+def test_production_settings_refuse_a_short_or_development_secret_key(compose, secret_key):
+    env = {**container_environment(compose, edited_env_example()), "DJANGO_SECRET_KEY": secret_key}
+    result = run_python("-c", SETTINGS_PROBE, "http://127.0.0.1:8000/healthz", env=env)
+    assert result.returncode != 0 and "DJANGO_SECRET_KEY must be" in result.stderr
+
+
+def test_production_settings_load_from_env_example_and_the_compose_environment(compose):
+    # given a checkout after `cp .env.example .env` and its placeholders replaced, expect the
+    # app containers' environment to hold every variable production settings require, pointing
+    # at the compose services, and the web health check to pass host validation and the https
+    # redirect (DJANGO_HTTPS=true)
+    web = compose["services"]["web"]
+    example = edited_env_example()
+    container_env = container_environment(compose, example)
     health_url = re.search(r"'(http://[^']+)'", " ".join(web["healthcheck"]["test"]))[1]
     result = run_python("-c", SETTINGS_PROBE, health_url, env=container_env)
     assert result.returncode == 0, result.stderr[-2000:]
     probe = json.loads(result.stdout)
-    assert probe["debug"] is False
+    assert probe["debug"] is False and probe["metrics_public"] is False
     assert probe["database"] == ["django.db.backends.postgresql", "postgres"]
     # the same variable sets the server's password and, inside a URL, the app's
     assert probe["password"] == example["POSTGRES_PASSWORD"]

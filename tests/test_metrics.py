@@ -14,6 +14,12 @@ from ratejobs.services.apis import api_block, api_limiter
 pytestmark = pytest.mark.usefixtures("services_redis")
 
 
+@pytest.fixture(autouse=True)
+def _metrics_open_to_the_test_client(settings):
+    """Most tests read the metrics, not the access rule: opened as the demo opens them."""
+    settings.RATEJOBS_METRICS_PUBLIC = True
+
+
 def scrape(client, **headers) -> dict[tuple[str, tuple], float]:
     response = client.get("/metrics", headers=headers)
     assert response.status_code == 200
@@ -84,6 +90,12 @@ def test_metrics_stay_up_when_redis_is_down(client, api, redis_down):
     samples = scrape(client)
     assert samples[("ratejobs_limiter_up", (("api", api.name),))] == 0
     assert ("ratejobs_limiter_grants_total", (("api", api.name),)) not in samples
+
+
+def test_metrics_are_closed_without_a_token_unless_said_public(client, api, settings):
+    settings.RATEJOBS_METRICS_PUBLIC = False
+    closed = client.get("/metrics")
+    assert closed.status_code == 403 and b"RATEJOBS_METRICS_TOKEN" in closed.content
 
 
 def test_a_metrics_token_keeps_other_scrapers_out(client, api, settings):

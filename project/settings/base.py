@@ -10,6 +10,7 @@ from pathlib import Path
 import environ
 from kombu import Queue
 
+from ratejobs.execution.outbound import OutboundPolicy
 from ratejobs.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -146,11 +147,20 @@ if REDIS_SENTINEL_MASTER:  # with CELERY_BROKER_URL=sentinel://host:26379;sentin
 # --- ratejobs -----------------------------------------------------------------------------
 # Fernet key for API credentials stored in the database; derived from SECRET_KEY when empty.
 RATEJOBS_CREDENTIALS_KEY = env("RATEJOBS_CREDENTIALS_KEY", default="")
+# An API's credential_env may name a variable starting with RATEJOBS_CRED_, or one listed here
+# (names, comma-separated): never any other variable of the workers' environment.
+RATEJOBS_CREDENTIAL_ENV_ALLOW = env.list("RATEJOBS_CREDENTIAL_ENV_ALLOW", default=[])
 # Most calls one POST /api/jobs/ may carry, and the largest request body a call may have.
 RATEJOBS_MAX_CALLS_PER_REQUEST = env.int("RATEJOBS_MAX_CALLS_PER_REQUEST", default=100_000)
 RATEJOBS_MAX_CALL_BODY_BYTES = env.int("RATEJOBS_MAX_CALL_BODY_BYTES", default=1024 * 1024)
 # Response bodies are stored up to this size, with a truncated flag beyond it.
 RATEJOBS_MAX_RESPONSE_BYTES = env.int("RATEJOBS_MAX_RESPONSE_BYTES", default=1024 * 1024)
+# Workers connect only to public addresses, plus these networks (CIDR), addresses and host
+# names (comma-separated; "*.corp.internal" for every name under it): loopback, private and
+# link-local addresses (cloud metadata) are refused at connect time unless listed here.
+RATEJOBS_OUTBOUND_ALLOW = env.list("RATEJOBS_OUTBOUND_ALLOW", default=[])
+# A bad entry stops every process as it starts, not a worker at its first call.
+OutboundPolicy.from_allow_list(RATEJOBS_OUTBOUND_ALLOW)
 # The broker holds at most this many seconds of an API's work (at its rate), so a job of a
 # million calls never floods it; bounded below so every worker has something to take.
 RATEJOBS_DISPATCH_WINDOW_SECONDS = env.float("RATEJOBS_DISPATCH_WINDOW_SECONDS", default=2.0)
@@ -173,8 +183,6 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- REST API (ratejobs/api/) ---------------------------------------------------------------
-# Largest request body the REST API accepts (a job of many calls); larger ones get a 413
-# before parsing. Django's own cap is set to the same value so it never refuses first.
 # One INFO line per throttle decision (api, job and call ids); "json" for one JSON object
 # per line. Celery workers use the same format (project/celery.py).
 RATEJOBS_LOG_FORMAT = env.str("RATEJOBS_LOG_FORMAT", default="text")
@@ -183,11 +191,11 @@ LOGGING = logging_config(log_format=RATEJOBS_LOG_FORMAT, level=RATEJOBS_LOG_LEVE
 
 # Where operators find Flower; the admin links to it when set.
 RATEJOBS_FLOWER_URL = env.str("RATEJOBS_FLOWER_URL", default="")
-# When set, /metrics answers only a scraper sending "Authorization: Bearer <token>".
+# When set, /metrics answers only a scraper sending "Authorization: Bearer <token>". Without a
+# token it answers nobody (403) unless RATEJOBS_METRICS_PUBLIC=true says it may answer anyone:
+# its labels name every API, and its counts show who calls what.
 RATEJOBS_METRICS_TOKEN = env("RATEJOBS_METRICS_TOKEN", default="")
-RATEJOBS_MAX_REQUEST_BYTES = env.int("RATEJOBS_MAX_REQUEST_BYTES", default=64 * 1024 * 1024)
-DATA_UPLOAD_MAX_MEMORY_SIZE = RATEJOBS_MAX_REQUEST_BYTES
-
+RATEJOBS_METRICS_PUBLIC = env.bool("RATEJOBS_METRICS_PUBLIC", default=False)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: an anonymous request is then told 401 with `WWW-Authenticate: Token`.
@@ -213,4 +221,39 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+}
+
+# --- Request size and rate ---------------------------------------------------------------
+# Every REST route refuses a body over its limit with 413 before reading it
+# (ratejobs/api/middleware.py), chunked bodies included. JSON routes take 8 MiB (100,000 calls
+# of about 80 bytes each), parsed in a bounded way (calls counted first, then built a batch at
+# a time). Larger jobs come as JSON lines to
+# /api/jobs/upload/, read line by line, memory constant in the number of lines.
+RATEJOBS_MAX_REQUEST_BYTES = env.int("RATEJOBS_MAX_REQUEST_BYTES", default=8 * 1024 * 1024)
+RATEJOBS_MAX_UPLOAD_BYTES = env.int("RATEJOBS_MAX_UPLOAD_BYTES", default=256 * 1024 * 1024)
+RATEJOBS_MAX_CALLS_PER_UPLOAD = env.int("RATEJOBS_MAX_CALLS_PER_UPLOAD", default=1_000_000)
+# The REST API reads request bodies itself; Django's cap (admin forms) must never be the one
+# that refuses an API request first.
+DATA_UPLOAD_MAX_MEMORY_SIZE = RATEJOBS_MAX_REQUEST_BYTES
+MIDDLEWARE = ["ratejobs.api.middleware.RequestSizeMiddleware", *MIDDLEWARE]
+# Per user, for every way in (REST, admin, submit_job): jobs created through the REST API per
+# period (429 with Retry-After beyond), unfinished (queued, running, paused) jobs, and calls
+# not yet final over them. Superusers included: the limits protect the machine, not data.
+RATEJOBS_JOB_CREATE_RATE = env.str("RATEJOBS_JOB_CREATE_RATE", default="60/min")
+RATEJOBS_MAX_ACTIVE_JOBS_PER_USER = env.int("RATEJOBS_MAX_ACTIVE_JOBS_PER_USER", default=100)
+RATEJOBS_MAX_PENDING_CALLS_PER_USER = env.int(
+    "RATEJOBS_MAX_PENDING_CALLS_PER_USER", default=2_000_000
+)
+# A page of calls carries response bodies (up to RATEJOBS_MAX_RESPONSE_BYTES each) up to this
+# many bytes in all; the rest come with response_body_omitted, one call at a time.
+RATEJOBS_MAX_PAGE_BYTES = env.int("RATEJOBS_MAX_PAGE_BYTES", default=8 * 1024 * 1024)
+# The job-creation throttle counts in a cache every web process shares (a per-process cache
+# would multiply the rate by the number of gunicorn workers): Redis, under its own prefix.
+RATEJOBS_CACHE_URL = env.str("RATEJOBS_CACHE_URL", default=REDIS_URL)
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": RATEJOBS_CACHE_URL,
+        "KEY_PREFIX": "ratejobs:cache",
+    }
 }

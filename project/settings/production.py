@@ -1,11 +1,33 @@
-"""Production settings: no development defaults for secrets, debug or hosts."""
+"""Production settings: no development defaults for secrets, debug or hosts, and a refusal to
+start on a placeholder secret."""
 
 from __future__ import annotations
+
+import os
+
+from django.core.exceptions import ImproperlyConfigured
 
 from .base import *  # noqa: F403
 from .base import env
 
+# .env.example marks every value an operator must choose with this; a copied file that still
+# holds one would run with a secret everybody knows.
+PLACEHOLDER = "CHANGE-ME"
+# Django's own check (security.W009) asks for at least 50 characters.
+MIN_SECRET_KEY_LENGTH = 50
+
+_placeholders = sorted(name for name, value in os.environ.items() if PLACEHOLDER in value.upper())
+if _placeholders:
+    raise ImproperlyConfigured(
+        f"{', '.join(_placeholders)} still hold the {PLACEHOLDER} placeholder of .env.example: "
+        "set real values before starting in production"
+    )
 SECRET_KEY = env("DJANGO_SECRET_KEY")
+if len(SECRET_KEY) < MIN_SECRET_KEY_LENGTH or SECRET_KEY.startswith("django-insecure"):
+    raise ImproperlyConfigured(
+        f"DJANGO_SECRET_KEY must be a random string of at least {MIN_SECRET_KEY_LENGTH} "
+        'characters (python -c "import secrets; print(secrets.token_urlsafe(50))")'
+    )
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS")
 

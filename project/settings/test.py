@@ -12,3 +12,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":  # noqa: F405
 # Hashing passwords properly is slow and tests don't need it.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+# The tests, the sandbox and the workers the tests start all talk over loopback (and only
+# there): allowed unless the environment says otherwise.
+RATEJOBS_OUTBOUND_ALLOW = env.list(  # noqa: F405
+    "RATEJOBS_OUTBOUND_ALLOW", default=["127.0.0.1/32", "::1/128"]
+)
+OutboundPolicy.from_allow_list(RATEJOBS_OUTBOUND_ALLOW)  # noqa: F405 (as base.py does)

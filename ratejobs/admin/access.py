@@ -1,7 +1,9 @@
-"""Who may use ratejobs' admin pages: every active staff member, without per-model grants.
+"""The admin's side of the role model (ratejobs.permissions): which ratejobs pages and actions
+each staff member gets, without per-model grants for jobs, calls and events.
 
-Staff who are not superusers work on their own jobs only (and those jobs' calls and events);
-deleting is left to superusers, since it removes results for good.
+Every active staff member submits jobs and follows their own; APIs are read by every staff
+member and changed (limits, base_url, credentials, block, reset) only by those who may manage
+them. Deleting is left to superusers, since it removes results for good.
 """
 
 from __future__ import annotations
@@ -10,13 +12,15 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from ratejobs import permissions
+
 
 def is_staff(request: HttpRequest) -> bool:
-    return bool(request.user.is_active and request.user.is_staff)
+    return permissions.can_use_admin(request.user)
 
 
 def sees_every_job(request: HttpRequest) -> bool:
-    return bool(request.user.is_active and request.user.is_superuser)
+    return permissions.sees_every_job(request.user)
 
 
 class StaffAccess:
@@ -29,13 +33,23 @@ class StaffAccess:
         return is_staff(request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return is_staff(request)
+        return is_staff(request) and permissions.can_submit_jobs(request.user)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return is_staff(request)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return sees_every_job(request)
+        return is_staff(request) and permissions.may_delete_records(request.user)
+
+
+class ManagerAccess(StaffAccess):
+    """APIs: read by every staff member; created, changed, blocked and reset by managers."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return is_staff(request) and permissions.can_manage_apis(request.user)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return is_staff(request) and permissions.can_manage_apis(request.user)
 
 
 class ReadOnlyStaffAccess(StaffAccess):

@@ -15,8 +15,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
-from ratejobs.admin.access import StaffAccess
+from ratejobs.admin.access import ManagerAccess, sees_every_job
 from ratejobs.admin.forms import ApiAdminForm
+from ratejobs.execution.request import MASK
 from ratejobs.limiter import LimiterError
 from ratejobs.models import Api, ThrottleEvent
 from ratejobs.selectors.apis import LimiterReading, api_limiter_readings
@@ -86,7 +87,7 @@ def limiter_state_table(reading: LimiterReading) -> str:
 
 
 @admin.register(Api)
-class ApiAdmin(StaffAccess, admin.ModelAdmin):
+class ApiAdmin(ManagerAccess, admin.ModelAdmin):
     form = ApiAdminForm
     change_form_template = "admin/ratejobs/api/change_form.html"
     list_display = (
@@ -102,6 +103,7 @@ class ApiAdmin(StaffAccess, admin.ModelAdmin):
         "credential_column",
     )
     search_fields = ("name", "base_url")
+    filter_horizontal = ("submitter_groups",)
     list_filter = ("adaptive",)
     fieldsets = (
         (None, {"fields": ("name", "base_url")}),
@@ -116,6 +118,7 @@ class ApiAdmin(StaffAccess, admin.ModelAdmin):
             },
         ),
         ("Calls", {"fields": ("max_attempts", "max_throttled_retries", "timeout")}),
+        ("Who may submit jobs to it", {"fields": ("submitter_groups",)}),
         (
             "Headers and credentials",
             {
@@ -126,14 +129,33 @@ class ApiAdmin(StaffAccess, admin.ModelAdmin):
                     "credential",
                     "clear_credential",
                     "credential_env",
+                    "credential_to_new_origin",
                 )
             },
         ),
         ("Record", {"fields": ("created", "updated")}),
     )
 
+    def get_fieldsets(self, request: HttpRequest, obj: Api | None = None) -> Any:
+        if self.has_change_permission(request, obj):
+            return self.fieldsets
+        # Read-only for those who may not manage APIs: a default header's value may be a key,
+        # and the credential's inputs have nothing to show.
+        shown = {"default_headers": "default_header_names", "credential": None,
+                 "clear_credential": None, "credential_to_new_origin": None}  # fmt: skip
+        return tuple(
+            (title, {"fields": tuple(
+                shown.get(name, name) for name in options["fields"] if shown.get(name, name)
+            )})
+            for title, options in self.fieldsets
+        )  # fmt: skip
+
+    @admin.display(description="default headers")
+    def default_header_names(self, api: Api) -> str:
+        return ", ".join(f"{name}: {MASK}" for name in api.default_headers) or "none"
+
     def get_readonly_fields(self, request: HttpRequest, obj: Api | None = None) -> tuple:
-        fixed = ("credential_status", "created", "updated")
+        fixed = ("credential_status", "default_header_names", "created", "updated")
         return ("name", *fixed) if obj is not None else fixed
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -175,7 +197,8 @@ class ApiAdmin(StaffAccess, admin.ModelAdmin):
             credential = ""
         if change:
             fields = {name: getattr(obj, name) for name in EDITABLE_FIELDS}
-            api_update(api=obj, credential=credential, **fields)
+            given = form.credential_given()
+            api_update(api=obj, credential=credential, credential_given=given, **fields)
         else:
             fields = {name: getattr(obj, name) for name in ("name", *EDITABLE_FIELDS)}
             obj.pk = api_create(credential=credential, **fields).pk
@@ -249,10 +272,18 @@ class ApiAdmin(StaffAccess, admin.ModelAdmin):
         if api is not None:
             since = timezone.now() - timedelta(hours=1)
             recent = ThrottleEvent.objects.filter(api=api, created__gte=since)
+            recent_events = list(recent.select_related("job").order_by("-created", "-pk")[:10])
             context.update(
+                can_manage=self.has_change_permission(request, api),
+                visible_job_ids={
+                    event.job_id
+                    for event in recent_events
+                    if event.job is not None
+                    and (sees_every_job(request) or event.job.owner_id == request.user.pk)
+                },
                 limiter_state=limiter_state_table(api_limiter_readings([api])[api.pk]),
                 recent_throttles=recent.filter(kind=ThrottleEvent.Kind.THROTTLED).count(),
-                recent_events=recent.select_related("job").order_by("-created", "-pk")[:10],
+                recent_events=recent_events,
                 reset_url=reverse("admin:ratejobs_api_reset", args=[api.pk]),
                 block_url=reverse("admin:ratejobs_api_block", args=[api.pk]),
                 max_block=MAX_MANUAL_BLOCK_SECONDS,

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from django import forms
+from django.core.exceptions import ValidationError
 
 from ratejobs.execution.urls import ALLOWED_METHODS
 from ratejobs.models import MAX_PRIORITY, Api
+from ratejobs.permissions import apis_open_to
+from ratejobs.services.apis import api_validate
 from ratejobs.uploads import NumberedCalls, calls_from_template, calls_from_upload
 
 
@@ -41,6 +45,10 @@ class JobSubmitForm(forms.Form):
         required=False,
         help_text="one value per line for the placeholder",
     )
+
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["api"].queryset = apis_open_to(user).order_by("name")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
@@ -85,7 +93,40 @@ class ApiAdminForm(forms.ModelForm):
         "secret.",
     )
     clear_credential = forms.BooleanField(required=False, label="Remove the stored secret")
+    credential_to_new_origin = forms.BooleanField(
+        required=False,
+        label="Send the credential to the new origin",
+        help_text="needed when a change of base URL moves an API that has a credential to "
+        "another scheme, host or port",
+    )
 
     class Meta:
         model = Api
         fields = "__all__"
+
+    def credential_given(self) -> bool:
+        """Whether the credential is given again in this change (see api_validate)."""
+        data = self.cleaned_data
+        return bool(
+            data.get("credential")
+            or data.get("clear_credential")
+            or data.get("credential_to_new_origin")
+            or "credential_env" in self.changed_data
+        )
+
+    def _post_clean(self) -> None:
+        super()._post_clean()
+        if self.errors:
+            return
+        data = self.cleaned_data
+        # The API as it would be saved, credential included, checked by the same service the
+        # REST API uses, so its errors show on the form instead of failing the save.
+        api = copy.copy(self.instance)
+        if data.get("clear_credential"):
+            api.credential_encrypted = ""
+        elif data.get("credential"):
+            api.credential_encrypted = "(new)"
+        try:
+            api_validate(api=api, credential_given=self.credential_given())
+        except ValidationError as exc:
+            self._update_errors(exc)

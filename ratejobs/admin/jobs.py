@@ -177,7 +177,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     ) -> HttpResponse:
         if not self.has_add_permission(request):
             raise PermissionDenied
-        form = JobSubmitForm(request.POST or None, request.FILES or None)
+        form = JobSubmitForm(request.POST or None, request.FILES or None, user=request.user)
         if request.method == "POST" and form.is_valid():
             job = self._submit(request, form)
             if job is not None:

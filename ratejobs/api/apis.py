@@ -1,24 +1,25 @@
 """REST endpoints for third-party APIs: anyone signed in lists and reads them with the live
-state of their shared limiter; staff create them and change their limits live."""
+state of their shared limiter; managers (ratejobs.permissions) create them and change them
+live."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
+from django.contrib.auth.models import Group
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
-from rest_framework.permissions import IsAdminUser, IsAuthenticated
+from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from ratejobs.api.serializers import StrictInputSerializer
+from ratejobs.execution.request import MASK
 from ratejobs.models import Api
+from ratejobs.permissions import can_manage_apis
 from ratejobs.selectors.apis import api_get, api_limiter_readings, api_list
 from ratejobs.services.apis import api_create, api_update
-
-# What non-staff users see instead of a default header's value: it may be an API key.
-REDACTED = "***"
 
 
 class LimiterStateSerializer(serializers.Serializer):
@@ -40,7 +41,7 @@ class ApiOutputSerializer(serializers.Serializer):
     """An API as the REST API shows it: never its credential, only whether it has one.
 
     Context: `readings` (selectors.apis.api_limiter_readings of the APIs shown) and
-    `is_staff` (others see default header names with their values redacted)."""
+    `can_manage` (others see default header names with their values masked)."""
 
     name = serializers.CharField()
     base_url = serializers.CharField()
@@ -57,6 +58,9 @@ class ApiOutputSerializer(serializers.Serializer):
     auth_header = serializers.CharField()
     credential_env = serializers.CharField()
     has_credential = serializers.BooleanField()
+    submitter_groups = serializers.SerializerMethodField(
+        help_text="groups whose members (and managers) may submit jobs to it; empty: everyone"
+    )
     created = serializers.DateTimeField()
     updated = serializers.DateTimeField()
     limiter = serializers.SerializerMethodField()
@@ -64,9 +68,13 @@ class ApiOutputSerializer(serializers.Serializer):
 
     @extend_schema_field(serializers.DictField(child=serializers.CharField()))
     def get_default_headers(self, api: Api) -> dict[str, str]:
-        if self.context.get("is_staff"):
+        if self.context.get("can_manage"):
             return api.default_headers
-        return dict.fromkeys(api.default_headers, REDACTED)
+        return dict.fromkeys(api.default_headers, MASK)
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_submitter_groups(self, api: Api) -> list[str]:
+        return sorted(group.name for group in api.submitter_groups.all())
 
     @extend_schema_field(LimiterStateSerializer(allow_null=True))
     def get_limiter(self, api: Api) -> dict[str, Any] | None:
@@ -96,6 +104,14 @@ class ApiUpdateInputSerializer(StrictInputSerializer):
     )
     auth_header = serializers.CharField(required=False)
     credential_env = serializers.CharField(required=False, allow_blank=True)
+    submitter_groups = serializers.SlugRelatedField(
+        slug_field="name",
+        many=True,
+        required=False,
+        queryset=Group.objects.all(),
+        help_text="names of the groups whose members (and managers) may submit jobs to it; "
+        "empty: everyone signed in",
+    )
     credential = serializers.CharField(
         required=False,
         allow_blank=True,
@@ -113,20 +129,30 @@ class ApiCreateInputSerializer(ApiUpdateInputSerializer):
 
 
 def _represent(request: Request, apis: Sequence[Api]) -> Any:
-    context = {"readings": api_limiter_readings(apis), "is_staff": request.user.is_staff}
+    context = {"readings": api_limiter_readings(apis), "can_manage": can_manage_apis(request.user)}
     return ApiOutputSerializer(apis, many=True, context=context).data
 
 
-class _StaffWrites:
-    """Reading needs a signed-in user; writing needs staff (403 otherwise)."""
+class CanManageApis(BasePermission):
+    message = (
+        "Only API managers may create or change APIs: superusers and holders of the "
+        "ratejobs.manage_api permission."
+    )
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return can_manage_apis(request.user)
+
+
+class _ManagerWrites:
+    """Reading needs a signed-in user; writing needs a manager (403 otherwise)."""
 
     def get_permissions(self) -> list[Any]:
         if self.request.method in ("GET", "HEAD", "OPTIONS"):
             return [IsAuthenticated()]
-        return [IsAuthenticated(), IsAdminUser()]
+        return [IsAuthenticated(), CanManageApis()]
 
 
-class ApiListCreateView(_StaffWrites, generics.GenericAPIView):
+class ApiListCreateView(_ManagerWrites, generics.GenericAPIView):
     queryset = Api.objects.none()  # for the schema; reads go through selectors
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
@@ -139,19 +165,19 @@ class ApiListCreateView(_StaffWrites, generics.GenericAPIView):
     def get(self, request: Request) -> Response:
         """APIs by name, each with its live limiter state (`limiter` is null and
         `limiter_error` says why when Redis cannot be reached)."""
-        page = self.paginate_queryset(api_list())
+        page = self.paginate_queryset(api_list().prefetch_related("submitter_groups"))
         return self.get_paginated_response(_represent(request, page))
 
     @extend_schema(request=ApiCreateInputSerializer, responses={201: ApiOutputSerializer})
     def post(self, request: Request) -> Response:
-        """Create an API (staff only). `credential` is stored encrypted and never returned."""
+        """Create an API (managers only). `credential` is stored encrypted and never returned."""
         serializer = ApiCreateInputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         api = api_create(**serializer.validated_data)
         return Response(_represent(request, [api])[0], status=status.HTTP_201_CREATED)
 
 
-class ApiDetailView(_StaffWrites, generics.GenericAPIView):
+class ApiDetailView(_ManagerWrites, generics.GenericAPIView):
     def get_serializer_class(self) -> type[serializers.Serializer]:
         if self.request is not None and self.request.method == "PATCH":
             return ApiUpdateInputSerializer
@@ -163,7 +189,7 @@ class ApiDetailView(_StaffWrites, generics.GenericAPIView):
 
     @extend_schema(request=ApiUpdateInputSerializer, responses=ApiOutputSerializer)
     def patch(self, request: Request, name: str) -> Response:
-        """Change an API's limits (staff only); workers use them from their next grant on.
+        """Change an API's limits (managers only); workers use them from their next grant on.
         The name cannot change (it is the limiter's name)."""
         api = api_get(name=name)
         serializer = ApiUpdateInputSerializer(data=request.data)

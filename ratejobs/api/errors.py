@@ -1,11 +1,12 @@
 """How the REST API reports failures: service ValidationErrors as 400s with field errors, 409
-for an action the job's status rules out, 413 for a request body over the limit."""
+for an action the job's status rules out, 413 for a request body over the limit (Django's own
+RequestDataTooBig included, should anything read `request.body`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import NON_FIELD_ERRORS
+from django.core.exceptions import NON_FIELD_ERRORS, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -47,10 +48,13 @@ def validation_error_detail(exc: DjangoValidationError) -> dict[str, Any]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """DRF's handler, plus: a Django ValidationError (raised by a service) is a 400."""
+    """DRF's handler, plus: a Django ValidationError (raised by a service) is a 400, and
+    Django's RequestDataTooBig a 413 like ours (DRF would let Django answer it with a 400)."""
     # Imported here: rest_framework.views loads the parser classes, which import this module.
     from rest_framework.views import exception_handler as drf_exception_handler
 
-    if isinstance(exc, DjangoValidationError):
+    if isinstance(exc, RequestDataTooBig):
+        exc = RequestTooLarge(f"Request body too large: {exc}")
+    elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(validation_error_detail(exc))
     return drf_exception_handler(exc, context)

@@ -1,6 +1,7 @@
-"""REST endpoints for jobs: submit a batch of calls, follow its progress, its calls and its
-throttle events, and pause, resume, cancel or retry it. Users see only their own jobs (404 for
-anyone else's); staff see every job."""
+"""REST endpoints for jobs: submit a batch of calls (as JSON, or streamed as JSON lines),
+follow its progress, its calls and its throttle events, and pause, resume, cancel or retry it.
+Users see only their own jobs (404 for anyone else's); superusers see every job
+(ratejobs.permissions)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import base64
 import re
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import NON_FIELD_ERRORS
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
@@ -15,24 +18,30 @@ from drf_spectacular.utils import (
     extend_schema,
     extend_schema_field,
 )
-from rest_framework import generics, serializers, status
+from rest_framework import exceptions, generics, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
 from ratejobs.api.errors import Conflict
+from ratejobs.api.parsers import JobJSONParser, JsonCalls, JsonLinesParser, upload_calls
 from ratejobs.api.serializers import StrictInputSerializer
+from ratejobs.api.throttles import JobCreateThrottle
 from ratejobs.execution.urls import ALLOWED_METHODS
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.selectors.jobs import (
+    call_get_for_job,
     call_list_for_job,
+    call_response_bodies,
     job_get_by_idempotency_key,
     job_get_for_user,
     job_list_for_user,
     response_body_text,
     throttle_event_list_for_job,
 )
-from ratejobs.services.jobs import JobActionRefused, job_act, job_create
+from ratejobs.services.jobs import CallsInvalid, JobActionRefused, job_act, job_create
+from ratejobs.uploads import NumberedCalls, UploadError
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # Printable ASCII, as long as the column holding it.
@@ -82,8 +91,9 @@ class CallSpecListField(serializers.Field):
 
     default_error_messages = {"not_a_list": "Expected a list of calls."}
 
-    def to_internal_value(self, data: Any) -> list[Any]:
-        if not isinstance(data, list):
+    def to_internal_value(self, data: Any) -> list[Any] | JsonCalls:
+        # JsonCalls: the list as JobJSONParser passes it on, counted and built one at a time.
+        if not isinstance(data, list | JsonCalls):
             self.fail("not_a_list")
         return data
 
@@ -98,6 +108,19 @@ class JobCreateInputSerializer(StrictInputSerializer):
     name = serializers.CharField()
     priority = serializers.IntegerField(required=False, help_text="1 (default) to 10")
     calls = CallSpecListField()
+
+
+class JobUploadParamsSerializer(StrictInputSerializer):
+    """The query parameters of an upload: the job's fields other than its calls."""
+
+    api = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=Api.objects.all(),
+        error_messages={"does_not_exist": 'No API named "{value}".'},
+        help_text="the API's name",
+    )
+    name = serializers.CharField(help_text="the job's name")
+    priority = serializers.IntegerField(required=False, help_text="1 (default) to 10")
 
 
 class StatusFilterSerializer(serializers.Serializer):
@@ -124,25 +147,41 @@ class CallOutputSerializer(serializers.Serializer):
     duration = serializers.FloatField(allow_null=True, help_text="seconds of the last request")
     response_truncated = serializers.BooleanField()
     response_body = serializers.SerializerMethodField(
-        help_text="UTF-8 text, or base64 when response_body_base64 is true"
+        help_text="UTF-8 text, or base64 when response_body_base64 is true; null when there is "
+        "none or, in a list, when response_body_omitted is true"
     )
     response_body_base64 = serializers.SerializerMethodField()
+    response_body_omitted = serializers.SerializerMethodField(
+        help_text="in a list: the page's bodies reached RATEJOBS_MAX_PAGE_BYTES and this one "
+        "was left out; GET /api/jobs/{job_id}/calls/{index}/ returns it"
+    )
     started = serializers.DateTimeField(allow_null=True)
     finished = serializers.DateTimeField(allow_null=True)
 
+    def _body(self, call: Call) -> bytes | memoryview | None:
+        # A list passes the bodies it loaded within its budget as context; one call has its own.
+        bodies = self.context.get("response_bodies")
+        return call.response_body if bodies is None else bodies.get(call.pk)
+
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_response_body(self, call: Call) -> str | None:
-        text = response_body_text(call.response_body, truncated=call.response_truncated)
-        if text is None and call.response_body is not None:
-            return base64.b64encode(bytes(call.response_body)).decode("ascii")
+        body = self._body(call)
+        text = response_body_text(body, truncated=call.response_truncated)
+        if text is None and body is not None:
+            return base64.b64encode(bytes(body)).decode("ascii")
         return text
 
     @extend_schema_field(OpenApiTypes.BOOL)
     def get_response_body_base64(self, call: Call) -> bool:
+        body = self._body(call)
         return (
-            call.response_body is not None
-            and response_body_text(call.response_body, truncated=call.response_truncated) is None
+            body is not None and response_body_text(body, truncated=call.response_truncated) is None
         )
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_response_body_omitted(self, call: Call) -> bool:
+        bodies = self.context.get("response_bodies")
+        return bodies is not None and call.response_body_bytes is not None and call.pk not in bodies
 
 
 class ThrottleEventOutputSerializer(serializers.Serializer):
@@ -167,11 +206,50 @@ def _status_parameter(choices: Any) -> OpenApiParameter:
     return OpenApiParameter("status", str, enum=[value for value, _ in choices])
 
 
+def _idempotency_key(request: Request) -> str | None:
+    """The request's Idempotency-Key, if any; a 400 when it is malformed."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+        raise serializers.ValidationError(
+            {IDEMPOTENCY_HEADER: ["1 to 200 printable ASCII characters, no spaces."]}
+        )
+    return key
+
+
+_IDEMPOTENCY_PARAMETER = OpenApiParameter(
+    IDEMPOTENCY_HEADER,
+    str,
+    OpenApiParameter.HEADER,
+    description="a retry with the same key returns the first job (200) instead of making another",
+)
+_THROTTLED = OpenApiResponse(
+    description="more jobs created than RATEJOBS_JOB_CREATE_RATE allows; see Retry-After"
+)
+
+
+class _JobCreateThrottled:
+    """Job creation is throttled per user (JobCreateThrottle), with a 429 that names the rate."""
+
+    def get_throttles(self) -> list[Any]:
+        throttles = super().get_throttles()  # type: ignore[misc]
+        if self.request.method == "POST":  # type: ignore[attr-defined]
+            throttles.append(JobCreateThrottle())
+        return throttles
+
+    def throttled(self, request: Request, wait: float | None) -> None:
+        raise exceptions.Throttled(
+            wait,
+            detail=f"Too many jobs created: the limit is {settings.RATEJOBS_JOB_CREATE_RATE} "
+            "per user (RATEJOBS_JOB_CREATE_RATE).",
+        )
+
+
 # -- views ---------------------------------------------------------------------------------
 
 
-class JobListCreateView(generics.GenericAPIView):
+class JobListCreateView(_JobCreateThrottled, generics.GenericAPIView):
     queryset = Job.objects.none()  # for the schema; reads go through selectors
+    parser_classes = [JobJSONParser]
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
         # what OPTIONS and the browsable API describe for each method
@@ -184,40 +262,38 @@ class JobListCreateView(generics.GenericAPIView):
         responses=JobOutputSerializer(many=True),
     )
     def get(self, request: Request) -> Response:
-        """Your jobs (every job for staff), newest first; `?status=` filters (400 if unknown)."""
+        """Your jobs (everyone's for a superuser), newest first; `?status=` filters (400 if
+        unknown)."""
         jobs = job_list_for_user(request.user, status=_status_filter(request, Job.Status.choices))
         page = self.paginate_queryset(jobs)
         return self.get_paginated_response(JobOutputSerializer(page, many=True).data)
 
     @extend_schema(
         request=JobCreateInputSerializer,
-        parameters=[
-            OpenApiParameter(
-                IDEMPOTENCY_HEADER,
-                str,
-                OpenApiParameter.HEADER,
-                description="a retry with the same key returns the first job (200) instead "
-                "of making another",
-            )
-        ],
+        parameters=[_IDEMPOTENCY_PARAMETER],
         responses={
             201: JobOutputSerializer,
             200: OpenApiResponse(JobOutputSerializer, "replay of an Idempotency-Key"),
-            400: OpenApiResponse(description="field errors; calls by index under `calls`"),
+            400: OpenApiResponse(
+                description="field errors; calls by index under `calls`; more than "
+                "RATEJOBS_MAX_CALLS_PER_REQUEST calls; a limit of yours reached "
+                "(RATEJOBS_MAX_ACTIVE_JOBS_PER_USER, RATEJOBS_MAX_PENDING_CALLS_PER_USER)"
+            ),
             413: OpenApiResponse(description="request body over RATEJOBS_MAX_REQUEST_BYTES"),
+            429: _THROTTLED,
         },
     )
     def post(self, request: Request) -> Response:
         """Submit a job: 201 with the job, every call validated and stored, or a 400 naming
         the bad fields (a bad call by its index under `calls`) and nothing stored.
 
+        At most RATEJOBS_MAX_REQUEST_BYTES of JSON (8 MiB by default) and
+        RATEJOBS_MAX_CALLS_PER_REQUEST calls, counted before any is checked; larger jobs go to
+        `POST /api/jobs/upload/` as JSON lines.
+
         With an `Idempotency-Key` header, a retry with a key you already used returns that
         first job with 200 (whatever the new body says) and stores nothing."""
-        key = request.headers.get(IDEMPOTENCY_HEADER)
-        if key is not None and not _IDEMPOTENCY_KEY.match(key):
-            raise serializers.ValidationError(
-                {IDEMPOTENCY_HEADER: ["1 to 200 printable ASCII characters, no spaces."]}
-            )
+        key = _idempotency_key(request)
         data = request.data  # parsing first: an oversize body is a 413 even when replayed
         if key is not None:
             existing = job_get_by_idempotency_key(owner=request.user, key=key)
@@ -227,6 +303,77 @@ class JobListCreateView(generics.GenericAPIView):
         serializer.is_valid(raise_exception=True)
         job = job_create(owner=request.user, idempotency_key=key, **serializer.validated_data)
         return Response(JobOutputSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+class JobUploadView(_JobCreateThrottled, APIView):
+    parser_classes = [JsonLinesParser]
+    # Read by ratejobs.api.middleware: this route's own body limit, and no spooling of a
+    # chunked body, which the view streams itself.
+    body_limit_setting = JsonLinesParser.limit_setting
+    streams_body = True
+
+    @extend_schema(
+        operation_id="jobs_upload",
+        request={JsonLinesParser.media_type: OpenApiTypes.STR},
+        parameters=[
+            OpenApiParameter("api", str, required=True, description="the API's name"),
+            OpenApiParameter("name", str, required=True, description="the job's name"),
+            OpenApiParameter("priority", int, description="1 (default) to 10"),
+            _IDEMPOTENCY_PARAMETER,
+        ],
+        responses={
+            201: JobOutputSerializer,
+            200: OpenApiResponse(JobOutputSerializer, "replay of an Idempotency-Key"),
+            400: OpenApiResponse(
+                description="bad parameters; bad lines by line number under `lines` "
+                '(`{"lines": {"7": {"path": ["..."]}}}`); more than '
+                "RATEJOBS_MAX_CALLS_PER_UPLOAD calls; a limit of yours reached"
+            ),
+            413: OpenApiResponse(description="request body over RATEJOBS_MAX_UPLOAD_BYTES"),
+            415: OpenApiResponse(description="not application/x-ndjson"),
+            429: _THROTTLED,
+        },
+    )
+    def post(self, request: Request) -> Response:
+        """Submit a large job as JSON lines (`Content-Type: application/x-ndjson`), one call
+        object per line (blank lines skipped), the job's fields as query parameters:
+        `?api=NAME&name=JOBNAME&priority=N`. The body is read and stored line by line, with or
+        without Content-Length (chunked), up to RATEJOBS_MAX_UPLOAD_BYTES and
+        RATEJOBS_MAX_CALLS_PER_UPLOAD calls: 201 with the job, or a 400 naming the bad lines
+        and nothing stored. `Idempotency-Key` works as for `POST /api/jobs/`; a replay reads
+        no body."""
+        key = _idempotency_key(request)
+        params = JobUploadParamsSerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        if key is not None:
+            existing = job_get_by_idempotency_key(owner=request.user, key=key)
+            if existing is not None:
+                return Response(JobOutputSerializer(existing).data, status=status.HTTP_200_OK)
+        calls = upload_calls(request)
+        try:
+            job = job_create(
+                owner=request.user,
+                idempotency_key=key,
+                calls=calls,
+                max_calls=settings.RATEJOBS_MAX_CALLS_PER_UPLOAD,
+                **params.validated_data,
+            )
+        except (UploadError, CallsInvalid) as exc:
+            raise serializers.ValidationError({"lines": _errors_by_line(calls, exc)}) from exc
+        return Response(JobOutputSerializer(job).data, status=status.HTTP_201_CREATED)
+
+
+def _errors_by_line(calls: NumberedCalls, exc: UploadError | CallsInvalid) -> dict[str, Any]:
+    """An upload's errors by the line they are on: `{"7": {"path": ["..."]}}`."""
+    if isinstance(exc, UploadError):
+        return {str(exc.line): {api_settings.NON_FIELD_ERRORS_KEY: [exc.reason]}}
+    return {
+        str(calls.line_of(index)): {
+            api_settings.NON_FIELD_ERRORS_KEY if field == NON_FIELD_ERRORS else field: messages
+            for field, messages in fields.items()
+        }
+        for index, fields in exc.call_errors.items()
+    }
 
 
 class JobDetailView(APIView):
@@ -246,11 +393,24 @@ class JobCallListView(generics.GenericAPIView):
     )
     def get(self, request: Request, job_id: int) -> Response:
         """The job's calls in index order, `?status=` filters (400 if unknown); 100 a page,
-        `?page_size=` up to 1000."""
+        `?page_size=` up to 1000. Response bodies come in index order up to
+        RATEJOBS_MAX_PAGE_BYTES a page (8 MiB by default); the calls after that have
+        `response_body: null` and `response_body_omitted: true`: get them one at a time from
+        `/api/jobs/{job_id}/calls/{index}/`."""
         job = job_get_for_user(request.user, job_id)
         calls = call_list_for_job(job, status=_status_filter(request, Call.Status.choices))
         page = self.paginate_queryset(calls)
-        return self.get_paginated_response(CallOutputSerializer(page, many=True).data)
+        bodies = call_response_bodies(page, max_bytes=settings.RATEJOBS_MAX_PAGE_BYTES)
+        output = CallOutputSerializer(page, many=True, context={"response_bodies": bodies})
+        return self.get_paginated_response(output.data)
+
+
+class JobCallDetailView(APIView):
+    @extend_schema(responses=CallOutputSerializer)
+    def get(self, request: Request, job_id: int, index: int) -> Response:
+        """One call of the job by its index, with its whole stored response body."""
+        call = call_get_for_job(job_get_for_user(request.user, job_id), index)
+        return Response(CallOutputSerializer(call).data)
 
 
 class JobThrottleEventListView(generics.GenericAPIView):

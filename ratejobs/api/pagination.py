@@ -8,5 +8,6 @@ from rest_framework.pagination import PageNumberPagination
 class Pagination(PageNumberPagination):
     page_size = 100
     page_size_query_param = "page_size"
-    # A page of calls may carry a stored response body each (up to a MiB): cap the page.
+    # Rows a page may hold; the bytes of the calls' response bodies on a page have their own
+    # budget, RATEJOBS_MAX_PAGE_BYTES (see JobCallListView).
     max_page_size = 1000

@@ -43,8 +43,9 @@ DEFAULT_BACKOFF_CAP = 60.0
 # Redis unreachable is usually a restart or a failover that takes seconds; nothing was sent, so
 # a short fixed wait costs the API nothing.
 LIMITER_UNAVAILABLE_RETRY_SECONDS = 5.0
-# A lease must outlive the request it covers: send() can overrun its total timeout by one
-# connect plus one read, and this much more covers the Redis round trips around it.
+# A lease must outlive the request it covers. send() ends at its total timeout but for the DNS
+# lookups of its connections, which no socket timeout bounds: the connect and read timeouts
+# added to the lease cover those, and this much more the Redis round trips around it.
 LEASE_MARGIN_SECONDS = 5.0
 
 

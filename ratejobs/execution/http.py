@@ -1,8 +1,11 @@
-"""Send one request with requests: bounded in time and size, redirects kept on the API's own
-origin, and every network failure returned as a result rather than raised.
+"""Send one request with requests: bounded in time and size, connected only to addresses the
+outbound policy allows, credentials kept on the API's own origin and path, and every network
+failure returned as a result rather than raised.
 
 Error kinds say how far the request got, which decides whether a retry could repeat a side
 effect:
+- "refused": the outbound policy allows no address of the host; nothing was sent, and a retry
+  would only be refused again.
 - "connect": no connection was made (refused, DNS, TLS, connect timeout); the server never saw
   the request.
 - "timeout": connected and sent, but the response did not arrive within the read timeout (per
@@ -13,9 +16,13 @@ effect:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import sys
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http.cookiejar import DefaultCookiePolicy
 from typing import Any, Literal
@@ -23,13 +30,24 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 import urllib3.exceptions
-from requests.adapters import HTTPAdapter
-from requests.utils import get_environ_proxies
+from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
+from requests.utils import get_environ_proxies, select_proxy
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.poolmanager import PoolManager, ProxyManager
+from urllib3.util.connection import allowed_gai_family
 
+from ratejobs.execution.outbound import (
+    AddressRefused,
+    OutboundPolicy,
+    Resolver,
+    connect_allowed,
+    refused_address,
+)
 from ratejobs.execution.request import HttpRequest
-from ratejobs.execution.urls import redact_url
+from ratejobs.execution.urls import check_climb, redact_url, url_origin
 
-ErrorKind = Literal["connect", "timeout", "connection"]
+ErrorKind = Literal["refused", "connect", "timeout", "connection"]
 
 # Long enough for a TLS handshake across continents; a host that cannot accept a connection in
 # this time is down, and waiting longer only holds the limiter's lease.
@@ -39,8 +57,13 @@ DEFAULT_READ_TIMEOUT = 30.0
 # The response body is kept for the call's record; a mebibyte covers any JSON an API answers
 # one call with, and a runaway download (or a decompression bomb) stops there.
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-# Same-origin redirects followed before the 3xx itself becomes the result; real APIs use one or
-# two (a trailing slash, a moved resource), more is a loop.
+# Response headers kept for the call's record and the limiter. APIs send a dozen or two, a few
+# hundred bytes each; past these the rest is padding (or an attack on the database row) and is
+# dropped. http.client itself refuses more than 100 header lines of up to 64 KiB each.
+MAX_RESPONSE_HEADERS = 64
+MAX_RESPONSE_HEADER_BYTES = 64 * 1024
+# Redirects followed before the 3xx itself becomes the result; real APIs use one or two (a
+# trailing slash, a moved resource), more is a loop.
 MAX_REDIRECTS = 5
 # Read size while streaming the body: small enough that the cap and the deadline are checked
 # often, big enough that a 1 MiB body takes a few dozen reads.
@@ -52,8 +75,13 @@ POOL_HOSTS = 10
 USER_AGENT = "ratejobs/0.1 (+https://github.com/ratejobs)"
 # Error text is cut here: it ends up in the call's record and in logs.
 MAX_ERROR_CHARS = 300
+# A socket timeout set to the time left can wake a hair before the deadline: within this, the
+# total timeout is what expired.
+DEADLINE_SLACK_SECONDS = 0.05
 
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# Dropped, besides the API's own credential headers, on a redirect that leaves the API's scope.
+_ALWAYS_CREDENTIALS = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 
 @dataclass(frozen=True, repr=False)
@@ -70,6 +98,8 @@ class HttpResult:
     duration: float = 0.0  # seconds for the whole exchange, redirects included
     url: str = ""  # the URL that gave this result (after redirects)
     redirects: int = 0
+    # some headers were dropped: more than MAX_RESPONSE_HEADERS or MAX_RESPONSE_HEADER_BYTES
+    headers_truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -86,7 +116,8 @@ class HttpResult:
             f"HttpResult(status_code={self.status_code!r}, error_kind={self.error_kind!r}, "
             f"error={self.error!r}, body=<{len(self.body)} bytes>, truncated={self.truncated}, "
             f"duration={self.duration:.3f}, url={redact_url(self.url)!r}, "
-            f"redirects={self.redirects}, headers={sorted(self.headers)!r})"
+            f"redirects={self.redirects}, headers={sorted(self.headers)!r}, "
+            f"headers_truncated={self.headers_truncated})"
         )
 
 
@@ -101,10 +132,242 @@ class _NoCookies(DefaultCookiePolicy):
         return False
 
 
-def new_session() -> requests.Session:
+# --- connect-time address policy and the total deadline, inside urllib3 -------------------
+
+
+@dataclass(frozen=True)
+class _Outbound:
+    policy: OutboundPolicy
+    resolver: Resolver
+
+
+class _Watchdog:
+    """Shuts down the sockets of one send() once its total timeout passes, whatever the send
+    is doing: connecting, the TLS handshake, the status line, headers or body. Socket timeouts
+    count per read, so a server that trickles a byte within each would hold the worker (and
+    its limiter lease) for as long as it likes.
+
+    It shuts down its own duplicates of the sockets (same connection, other descriptors): a
+    descriptor closed and reused meanwhile can never be hit, and the duplicates are closed when
+    the send ends."""
+
+    def __init__(self, seconds: float) -> None:
+        self.fired = False
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._stopped = False
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def start(self) -> None:
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        try:
+            copy = socket.socket(fileno=os.dup(sock.fileno()))
+        except OSError:  # already closed: nothing left to interrupt
+            return
+        with self._lock:
+            if not self._stopped:
+                self._sockets.append(copy)
+                if self.fired:
+                    _shut(copy)
+                return
+        copy.close()
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._stopped = True
+            for sock in self._sockets:
+                sock.close()
+            self._sockets.clear()
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self.fired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+# The watchdog of the send() running on this thread: urllib3 connects and reads on the
+# caller's thread, and its connection objects reach it here without new arguments.
+_current = threading.local()
+
+
+@contextlib.contextmanager
+def _watched(seconds: float | None) -> Iterator[_Watchdog | None]:
+    if seconds is None:
+        yield None
+        return
+    dog = _Watchdog(seconds)
+    _current.dog = dog
+    dog.start()
+    try:
+        yield dog
+    finally:
+        _current.dog = None
+        dog.stop()
+
+
+class _PolicedConnection:
+    """Mixed into urllib3's connection classes: resolves the host itself and connects only to
+    addresses the outbound policy allows (every candidate judged, the very address judged is
+    the one connected to), and hands each socket to the running send's watchdog.
+
+    TLS is untouched: HTTPSConnection wraps the socket this returns and verifies the
+    certificate against the host name (SNI), as before. `outbound` is None for connections to
+    a proxy from the environment: that address is the operator's choice, and send() checks
+    the target's addresses itself."""
+
+    sock: socket.socket | None
+
+    def __init__(self, *args: Any, outbound: _Outbound | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outbound = outbound
+        self._watched_by: _Watchdog | None = None
+
+    def _new_conn(self) -> socket.socket:
+        if self.outbound is None:
+            sock = super()._new_conn()  # type: ignore[misc]
+        else:
+            sock = self._connect_allowed(self.outbound)
+        self._watch(sock)
+        return sock
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        if self.sock is not None:  # a pooled connection, reused by this send
+            self._watch(self.sock)
+        super().request(*args, **kwargs)  # type: ignore[misc]
+
+    def _watch(self, sock: socket.socket) -> None:
+        dog = getattr(_current, "dog", None)
+        if dog is not None and self._watched_by is not dog:
+            dog.watch(sock)
+            self._watched_by = dog
+
+    def _connect_allowed(self, allowed: _Outbound) -> socket.socket:
+        # As urllib3's HTTPConnection._new_conn, with connect_allowed for create_connection.
+        conn: Any = self
+        try:
+            sock = connect_allowed(
+                conn._dns_host,
+                conn.port,
+                allowed.policy,
+                timeout=conn.timeout,
+                resolver=allowed.resolver,
+                family=allowed_gai_family(),
+                source_address=conn.source_address,
+                socket_options=conn.socket_options or (),
+            )
+        except UnicodeError:
+            raise urllib3.exceptions.LocationParseError(
+                f"'{conn.host}', label empty or too long"
+            ) from None
+        except socket.gaierror as exc:
+            raise urllib3.exceptions.NameResolutionError(conn.host, conn, exc) from exc
+        except TimeoutError as exc:
+            raise urllib3.exceptions.ConnectTimeoutError(
+                conn, f"Connection to {conn.host} timed out. (connect timeout={conn.timeout})"
+            ) from exc
+        except OSError as exc:
+            raise urllib3.exceptions.NewConnectionError(
+                conn, f"Failed to establish a new connection: {exc}"
+            ) from exc
+        sys.audit("http.client.connect", conn, conn.host, conn.port)
+        return sock
+
+
+class _PolicedHTTPConnection(_PolicedConnection, HTTPConnection):
+    pass
+
+
+class _PolicedHTTPSConnection(_PolicedConnection, HTTPSConnection):
+    pass
+
+
+class _PolicedHTTPPool(HTTPConnectionPool):
+    ConnectionCls = _PolicedHTTPConnection
+
+
+class _PolicedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _PolicedHTTPSConnection
+
+
+_POLICED_POOLS: dict[str, type[HTTPConnectionPool]] = {
+    "http": _PolicedHTTPPool,
+    "https": _PolicedHTTPSPool,
+}
+
+
+class _PolicedPoolManager(PoolManager):
+    def __init__(self, *args: Any, outbound: _Outbound, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pool_classes_by_scheme = _POLICED_POOLS
+        self.outbound = outbound
+
+    def _new_pool(
+        self,
+        scheme: str,
+        host: str,
+        port: int,
+        request_context: dict[str, Any] | None = None,
+    ) -> HTTPConnectionPool:
+        # The policy goes to the pool's connections here, not in connection_pool_kw: every
+        # key there is part of urllib3's pool key, which has no field for it.
+        pool = super()._new_pool(scheme, host, port, request_context)
+        pool.conn_kw["outbound"] = self.outbound
+        return pool
+
+
+class _PolicedAdapter(HTTPAdapter):
+    def __init__(self, outbound: _Outbound, **kwargs: Any) -> None:
+        self.outbound = outbound  # before super().__init__, which makes the pool manager
+        super().__init__(**kwargs)
+
+    def init_poolmanager(
+        self, connections: int, maxsize: int, block: bool = DEFAULT_POOLBLOCK, **pool_kwargs: Any
+    ) -> None:
+        self._pool_connections = connections
+        self._pool_maxsize = maxsize
+        self._pool_block = block
+        self.poolmanager = _PolicedPoolManager(
+            num_pools=connections,
+            maxsize=maxsize,
+            block=block,
+            outbound=self.outbound,
+            **pool_kwargs,
+        )
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if type(manager) is ProxyManager:
+            # Connections to the proxy are watched for the total timeout but not policed
+            # (outbound stays None): the proxy is the operator's. send() checks the target.
+            manager.pool_classes_by_scheme = _POLICED_POOLS
+        return manager
+
+
+def new_session(
+    policy: OutboundPolicy, *, resolver: Resolver = socket.getaddrinfo
+) -> requests.Session:
+    """A session that connects only where `policy` allows. `resolver` (socket.getaddrinfo's
+    signature) is for tests that need a DNS answer of their own."""
     session = requests.Session()
     # requests never retries on its own (max_retries=0): every send must have its own slot.
-    adapter = HTTPAdapter(pool_connections=POOL_HOSTS, pool_maxsize=POOL_MAXSIZE, max_retries=0)
+    adapter = _PolicedAdapter(
+        _Outbound(policy, resolver),
+        pool_connections=POOL_HOSTS,
+        pool_maxsize=POOL_MAXSIZE,
+        max_retries=0,
+    )
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     session.headers["User-Agent"] = USER_AGENT
@@ -119,20 +382,25 @@ def new_session() -> requests.Session:
 
 
 _session_lock = threading.Lock()
-_session: tuple[int, requests.Session] | None = None
+_sessions: dict[OutboundPolicy, requests.Session] = {}
+_sessions_pid: int | None = None
 
 
-def session_for_process() -> requests.Session:
-    """This process's session. A forked child (a Celery prefork worker) must not share its
-    parent's pooled sockets, so the session is keyed by process id and made anew after a fork."""
-    global _session
+def session_for_process(policy: OutboundPolicy) -> requests.Session:
+    """This process's session for `policy`. A forked child (a Celery prefork worker) must not
+    share its parent's pooled sockets, so sessions are kept by process id and made anew after
+    a fork."""
+    global _sessions, _sessions_pid
     pid = os.getpid()
     with _session_lock:
-        if _session is None or _session[0] != pid:
-            # The parent's session is dropped, not closed: closing would shut sockets the
+        if _sessions_pid != pid:
+            # The parent's sessions are dropped, not closed: closing would shut sockets the
             # parent still uses.
-            _session = (pid, new_session())
-        return _session[1]
+            _sessions, _sessions_pid = {}, pid
+        session = _sessions.get(policy)
+        if session is None:
+            session = _sessions[policy] = new_session(policy)
+        return session
 
 
 def _after_fork_in_child() -> None:
@@ -158,26 +426,33 @@ def send(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     total_timeout: float | None = None,
 ) -> HttpResult:
-    """Send `request` and read at most max_body_bytes of the response.
+    """Send `request` with a session from new_session() and read at most max_body_bytes of the
+    response.
 
-    Redirects are followed by hand, at most MAX_REDIRECTS, and only to the same origin (scheme,
-    host and port): the request may carry credentials for that origin alone. Any other redirect
-    is the result. Network failures are results with an error_kind; a URL requests cannot
-    send to raises ValueError (naming the URL with its query values masked).
+    Redirects are followed by hand, at most MAX_REDIRECTS, each hop through the outbound
+    policy. The credentials stay on while the target is on the request's scope (its base URL:
+    same scheme, host and port, under the base path); a redirect anywhere else is followed
+    without them (nor Authorization or Cookie) from then on. `total_timeout` bounds the whole
+    exchange, connecting and every byte included. Network failures and refused addresses are
+    results with an error_kind; a URL requests cannot send to raises ValueError (naming the URL
+    with its query values masked).
     """
     started = time.monotonic()
     deadline = None if total_timeout is None else started + total_timeout
     method, url, body = request.method, request.url, request.body
     headers = dict(request.headers)
+    scope = request.base_url or _root(request.url)
     redirects = 0
     status: int | None = None
     response_headers: dict[str, str] = {}
+    headers_truncated = False
     chunks: list[bytes] = []
 
     def result(**fields: Any) -> HttpResult:
         return HttpResult(
             status_code=status,
             headers=response_headers,
+            headers_truncated=headers_truncated,
             body=b"".join(chunks),
             duration=time.monotonic() - started,
             url=url,
@@ -185,50 +460,96 @@ def send(
             **fields,
         )
 
-    try:
-        while True:
-            # Each hop starts afresh: a failure after a redirect is that hop's, not the 3xx's.
-            status, response_headers = None, {}
-            if redirects and deadline is not None and time.monotonic() > deadline:
-                raise _TotalTimeout
-            response = session.request(
-                method,
-                url,
-                headers=headers,
-                data=body,
-                timeout=(connect_timeout, read_timeout),
-                allow_redirects=False,
-                stream=True,
-                proxies=get_environ_proxies(url),
-            )
-            try:
-                status, response_headers = response.status_code, dict(response.headers)
-                target = _redirect_target(response, url)
-                if target is not None and redirects < MAX_REDIRECTS:
-                    redirects += 1
-                    method, body, headers = _redirected(response.status_code, method, body, headers)
-                    url = target
-                    continue
-                truncated = _read_capped(response, chunks, max_body_bytes, deadline)
-                return result(truncated=truncated)
-            finally:
-                response.close()
-    except _TotalTimeout:
+    def timed_out() -> HttpResult:
         return result(
             truncated=bool(chunks),
             error_kind="timeout",
             error=f"no complete response from {_where(url)} within {total_timeout}s in total",
         )
-    except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
-        if isinstance(exc, ValueError):  # InvalidURL, MissingSchema, ...: the caller's bug
-            # requests' message quotes the URL (and a bad header's value): say it without them.
-            raise ValueError(
-                f"cannot send {request.method} {redact_url(url)}: {type(exc).__name__}"
-            ) from None
-        kind, message = _describe(
-            exc, url, connect_timeout=connect_timeout, read_timeout=read_timeout
-        )
-        return result(error_kind=kind, error=message)
+
+    hop_connect, hop_read = connect_timeout, read_timeout
+    with _watched(total_timeout) as dog:
+        try:
+            while True:
+                # Each hop starts afresh: a failure after a redirect is that hop's, not the 3xx's.
+                status, response_headers, headers_truncated = None, {}, False
+                if deadline is not None:
+                    # Each connect and each read waits at most for the time left; the watchdog
+                    # covers a server that answers every read just in time.
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise _TotalTimeout
+                    hop_connect, hop_read = min(connect_timeout, left), min(read_timeout, left)
+                proxies = get_environ_proxies(url)
+                _check_through_proxy(session, url, proxies)
+                response = session.request(
+                    method,
+                    url,
+                    headers=headers,
+                    data=body,
+                    timeout=(hop_connect, hop_read),
+                    allow_redirects=False,
+                    stream=True,
+                    proxies=proxies,
+                )
+                try:
+                    status = response.status_code
+                    response_headers, headers_truncated = _capped_headers(response.headers)
+                    target = _redirect_target(response, url)
+                    if target is not None and redirects < MAX_REDIRECTS:
+                        redirects += 1
+                        method, body, headers = _redirected(status, method, body, headers)
+                        if not _in_scope(target, scope):
+                            headers = _without_credentials(headers, request.credential_headers)
+                        url = target
+                        continue
+                    truncated = _read_capped(response, chunks, max_body_bytes, deadline)
+                    if dog is not None and dog.fired:  # a body read to its close, cut short
+                        return timed_out()
+                    return result(truncated=truncated)
+                finally:
+                    response.close()
+        except _TotalTimeout:
+            return timed_out()
+        except AddressRefused as exc:
+            return result(error_kind="refused", error=str(exc)[:MAX_ERROR_CHARS])
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+            chain = _chain(exc)
+            fired = dog is not None and dog.fired
+            if isinstance(exc, ValueError) and not fired:  # InvalidURL, MissingSchema, ...
+                if redirects:  # the server's Location, not the caller's URL
+                    return result(
+                        error_kind="connection",
+                        error=f"redirect to {_where(url)} could not be sent: {type(exc).__name__}",
+                    )
+                # requests' message quotes the URL (and a bad header's value): say it without.
+                raise ValueError(
+                    f"cannot send {request.method} {redact_url(url)}: {type(exc).__name__}"
+                ) from None
+            kind, message = _describe(exc, url, connect_timeout=hop_connect, read_timeout=hop_read)
+            past = deadline is not None and time.monotonic() >= deadline - DEADLINE_SLACK_SECONDS
+            if fired or (past and _any(chain, _CONNECT_TIMEOUTS + _READ_TIMEOUTS)):
+                if kind != "connect":
+                    return timed_out()
+                message = f"could not connect to {_where(url)} within {total_timeout}s in total"
+            return result(error_kind=kind, error=message)
+
+
+def _check_through_proxy(session: requests.Session, url: str, proxies: dict[str, str]) -> None:
+    """The outbound policy for a request that goes through a proxy from the environment.
+
+    Limitation: the connection is to the proxy (the operator's choice, and allowed), and the
+    proxy resolves the target itself. The target's addresses are checked here, from the
+    worker's own DNS, before sending; a name that resolves differently at the proxy (DNS
+    rebinding) or not at all here is not caught. Restrict internal destinations at the proxy
+    too."""
+    adapter = session.get_adapter(url)
+    if not isinstance(adapter, _PolicedAdapter):
+        raise TypeError("send() needs a session made by new_session() or session_for_process()")
+    if proxies and select_proxy(url, proxies):
+        refused = refused_address(url, adapter.outbound.policy, adapter.outbound.resolver)
+        if refused is not None:
+            raise refused
 
 
 def _read_capped(
@@ -252,16 +573,63 @@ def _read_capped(
 
 
 def _redirect_target(response: requests.Response, url: str) -> str | None:
-    """The same-origin URL a redirect points at; None for anything else (not a redirect, no
-    Location, another origin), which is then the result as it is."""
+    """The http(s) URL a redirect points at; None for anything else (not a redirect, no
+    Location, another scheme, a URL with credentials or spaces in it), which is then the
+    result as it is."""
     location = response.headers.get("Location")
     if response.status_code not in _REDIRECTS or not location:
         return None
     try:
         target = urljoin(url, location.strip())
-        return target if _origin(target) == _origin(url) else None
+        parts = urlsplit(target)
+        parts.port  # noqa: B018 - raises on a port out of range or not a number
     except ValueError:
         return None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return None
+    if parts.username is not None or parts.password is not None:
+        return None  # requests would turn them into an Authorization header
+    if any(ord(char) <= 0x20 or ord(char) == 0x7F for char in target):
+        return None
+    return target
+
+
+def _in_scope(target: str, scope: str) -> bool:
+    """Whether `target` is where the credentials of `scope` (an API's base URL) may go: same
+    scheme, host and port, and a path under the base path by every reading (segment by
+    segment, and no escaped "..", "%2F" or backslash climbing out of it)."""
+    if url_origin(target) != url_origin(scope):
+        return False
+    base = urlsplit(scope).path.rstrip("/")
+    path = urlsplit(target).path
+    if base and not (path == base or path.startswith(base + "/")):
+        return False
+    try:
+        check_climb(path[len(base) :])
+    except ValueError:
+        return False
+    return True
+
+
+def _without_credentials(headers: dict[str, str], names: frozenset[str]) -> dict[str, str]:
+    dropped = _ALWAYS_CREDENTIALS | names
+    return {k: v for k, v in headers.items() if k.lower() not in dropped}
+
+
+def _capped_headers(headers: Mapping[str, str]) -> tuple[dict[str, str], bool]:
+    """At most MAX_RESPONSE_HEADERS headers of MAX_RESPONSE_HEADER_BYTES in all, in the order
+    they came; whether any were dropped. One huge header is skipped, not the ones after it."""
+    kept: dict[str, str] = {}
+    size = 0
+    dropped = False
+    for name, value in headers.items():
+        cost = len(name) + len(value)
+        if len(kept) >= MAX_RESPONSE_HEADERS or size + cost > MAX_RESPONSE_HEADER_BYTES:
+            dropped = True
+            continue
+        kept[name] = value
+        size += cost
+    return kept, dropped
 
 
 def _redirected(
@@ -276,15 +644,14 @@ def _redirected(
 
 
 def _where(url: str) -> str:
-    scheme, host, port = _origin(url)
+    scheme, host, port = url_origin(url)
     return f"{scheme}://{host}:{port}"
 
 
-def _origin(url: str) -> tuple[str, str, int | None]:
+def _root(url: str) -> str:
+    """The origin of `url` as a base URL: the scope of a request built without one."""
     parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    port = parts.port or {"http": 80, "https": 443}.get(scheme)
-    return scheme, (parts.hostname or "").lower(), port
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def _describe(

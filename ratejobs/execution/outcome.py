@@ -56,7 +56,8 @@ def classify(
 ) -> Decision:
     """2xx and 3xx (a redirect we would not follow) succeed; 429 (and a 403 with a throttle
     hint) is throttled, retried after the hint or a backoff without using up max_attempts;
-    5xx, 408 and network errors are retried while attempts < max_attempts; other 4xx fail."""
+    5xx, 408 and network errors are retried while attempts < max_attempts; other 4xx fail, and
+    so does an address the outbound policy refused, at once."""
     now = time.time() if now is None else now
     status = result.status_code
 
@@ -69,6 +70,10 @@ def classify(
             return Decision("retry", retry_after=delay, error=reason)
         return Decision("failed", error=f"gave up after {attempts} attempts: {reason}")
 
+    if result.error_kind == "refused":
+        # Configuration, not a network hiccup: every retry would be refused the same way, and
+        # only hammer the policy (and whoever is probing it) on the way.
+        return Decision("failed", error=result.error)
     if result.error_kind is not None or status is None:
         return retry_or_fail(result.error or "no response", None)
     hint = throttle_delay(status, result.headers, now=now)

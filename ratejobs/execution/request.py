@@ -14,6 +14,7 @@ from ratejobs.execution.urls import (
     check_headers,
     redact_url,
     resolve_url,
+    validate_base_url,
     validate_method,
 )
 
@@ -24,18 +25,26 @@ _NO_JSON: Any = object()
 @dataclass(frozen=True, repr=False)
 class HttpRequest:
     """What to send. Header values may hold credentials, so the repr masks them all (and the
-    URL's query values, where some APIs take their key)."""
+    URL's query values, where some APIs take their key).
+
+    `credential_headers` (lower-cased) name the headers that carry the API's credentials, and
+    `base_url` is where they may go: a redirect outside it is followed without them. Without a
+    base_url, the URL's origin is the scope."""
 
     method: str
     url: str
     headers: Mapping[str, str] = field(default_factory=dict)
     body: bytes | None = None
+    credential_headers: frozenset[str] = frozenset()
+    base_url: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "method", validate_method(self.method))
         # A private copy: the caller's dict changing later must not change what is sent.
         object.__setattr__(self, "headers", dict(self.headers))
         check_header_syntax(self.headers)
+        names = frozenset(name.lower() for name in self.credential_headers)
+        object.__setattr__(self, "credential_headers", names)
         if self.body is not None and not isinstance(self.body, bytes):
             raise ValueError("body must be bytes or None")
 
@@ -84,4 +93,6 @@ def build_request(
         url=resolve_url(base_url, path, query),
         headers={**own, **creds},
         body=body,
+        credential_headers=frozenset(creds),
+        base_url=validate_base_url(base_url),
     )

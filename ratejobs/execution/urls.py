@@ -89,7 +89,7 @@ def resolve_url(base_url: str, path: str, query: Query | None = None) -> str:
         raise ValueError("path must be a string")
     _check_path(path)
     raw_path, _, path_query = path.partition("?")
-    _check_climb(raw_path)
+    check_climb(raw_path)
     relative = _remove_dot_segments(raw_path.removeprefix("/"))
     url = base + "/" + quote(relative, safe=_PATH_SAFE) if raw_path else base
     queries = [quote(path_query, safe=_QUERY_SAFE), _encode_query(query or {})]
@@ -161,7 +161,7 @@ def _check_path(path: str) -> None:
         raise ValueError("path has a '%' that does not start a percent-escape")
 
 
-def _check_climb(raw_path: str) -> None:
+def check_climb(raw_path: str) -> None:
     """Reject a path that leaves the base under any reading a server or proxy might give it:
     percent-escapes decoded (repeatedly), %2F and backslashes as separators, Unicode look-alike
     dots folded (NFKC) and Tomcat-style path parameters (`..;x`) stripped."""
@@ -194,7 +194,7 @@ def _remove_dot_segments(relative: str) -> str:
         if name == ".":
             continue
         if name == "..":
-            if not out:  # _check_climb already refused this; never emit it regardless
+            if not out:  # check_climb already refused this; never emit it regardless
                 raise ValueError("path must not climb out of base_url's path ('..')")
             out.pop()
             continue
@@ -243,3 +243,12 @@ def redact_url(url: str) -> str:
     )
     redacted = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else parts.path
     return f"{redacted}?{query}" if query else redacted
+
+
+def url_origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port) of `url`, lower-cased and with the scheme's default port: the unit
+    a credential and a connection belong to."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or {"http": 80, "https": 443}.get(scheme)
+    return scheme, (parts.hostname or "").lower(), port

@@ -64,7 +64,9 @@ class SandboxProcess:
 
     def _call(self, method: str, path: str, payload: Any = None) -> dict[str, Any]:
         data = None if payload is None else json.dumps(payload).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
+        # self.url is the sandbox's own http:// URL on loopback, never one a user gave (S310)
+        url = self.url + path
+        request = urllib.request.Request(url, data=data, method=method)  # noqa: S310
         request.add_header("Content-Type", "application/json")
         with _OPENER.open(request, timeout=HTTP_TIMEOUT_S) as response:
             return json.loads(response.read())
@@ -99,7 +101,8 @@ def start_sandbox_process(*, timeout: float = START_TIMEOUT_S, **options: Any) -
 
 
 def _read_url(process: subprocess.Popen[bytes], deadline: float) -> str:
-    assert process.stdout is not None
+    if process.stdout is None:
+        raise RuntimeError("the sandbox process was started without a stdout pipe")
     fd, line = process.stdout.fileno(), b""
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()

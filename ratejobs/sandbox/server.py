@@ -390,15 +390,15 @@ class Sandbox:
         host, port = self._server.server_address[:2]
         return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
-    def bind(self) -> None:
+    def bind(self) -> _Server:
         """Listen (on a free port when the config says 0), without serving yet."""
         with self._lock:
             if self._server is None:
                 self._server = _Server(self._address, self.state)
+            return self._server
 
     def start(self) -> Sandbox:
-        self.bind()
-        assert self._server is not None
+        self._server = self.bind()
         self._thread = threading.Thread(
             target=self._server.serve_forever,
             args=(POLL_INTERVAL_S,),
@@ -411,8 +411,7 @@ class Sandbox:
 
     def run(self) -> None:
         """Serve from the calling thread until stop() is called from another one."""
-        self.bind()
-        assert self._server is not None
+        self._server = self.bind()
         self._serving = True
         try:
             self._server.serve_forever(POLL_INTERVAL_S)

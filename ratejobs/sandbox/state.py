@@ -72,7 +72,8 @@ class SandboxState:
     def _clear(self) -> None:
         self._enforced.clear()
         self._advertised.clear()
-        self._rng = random.Random(self.config.seed)
+        # Injected errors drawn from a seeded generator, reproducible by design: not a secret.
+        self._rng = random.Random(self.config.seed)  # noqa: S311
         self._statuses: Counter[int] = Counter()
         self._arrivals = 0
         self._throttled = 0
@@ -143,7 +144,7 @@ class SandboxState:
             self._enforced.configure(config.enforced_rate, config.period, config.burst, now_ns=now)
             self._advertised.configure(config.rate, config.period, config.burst, now_ns=now)
             if config.seed != old.seed:
-                self._rng = random.Random(config.seed)
+                self._rng = random.Random(config.seed)  # noqa: S311 (see _clear)
             if config.max_log != old.max_log:
                 self._log = deque(self._log, maxlen=config.max_log)
 

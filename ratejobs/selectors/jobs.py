@@ -10,11 +10,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
-from django.db.models.functions import Trunc
+from django.db.models.functions import Length, Trunc
 from django.http import Http404
 from django.utils import timezone
 
 from ratejobs.models import Call, Job, ThrottleEvent
+from ratejobs.permissions import sees_every_job
 
 # Columns of a call that no listing shows: the request's own body (up to a MiB each) and the
 # workers' bookkeeping.
@@ -22,9 +23,10 @@ CALL_LIST_DEFERRED = ("json", "body", "response_headers", "claim_token", "claim_
 
 
 def job_list_for_user(user: Any, status: str | None = None) -> QuerySet[Job]:
-    """The user's jobs (every job for staff), newest first."""
+    """The jobs the user may see (ratejobs.permissions: their own, everyone's for a
+    superuser), newest first."""
     jobs = Job.objects.select_related("api").order_by("-created", "-pk")
-    if not user.is_staff:
+    if not sees_every_job(user):
         jobs = jobs.filter(owner=user)
     if status is not None:
         jobs = jobs.filter(status=status)
@@ -44,10 +46,45 @@ def job_get_by_idempotency_key(*, owner: Any, key: str) -> Job | None:
 
 
 def call_list_for_job(job: Job, status: str | None = None) -> QuerySet[Call]:
-    calls = Call.objects.filter(job=job).defer(*CALL_LIST_DEFERRED).order_by("index")
+    """The job's calls in index order, without their response bodies (up to a MiB each): each
+    has `response_body_bytes`, its body's length, for call_response_bodies to budget."""
+    calls = (
+        Call.objects.filter(job=job)
+        .defer(*CALL_LIST_DEFERRED, "response_body")
+        .annotate(response_body_bytes=Length("response_body"))
+        .order_by("index")
+    )
     if status is not None:
         calls = calls.filter(status=status)
     return calls
+
+
+def call_response_bodies(calls: Iterable[Call], *, max_bytes: int) -> dict[int, bytes]:
+    """The response bodies of calls from call_list_for_job, by call id, in their order while
+    their total stays within `max_bytes`; from the first that would pass it on, none (a call
+    with a body missing from the result had it left out)."""
+    wanted: list[int] = []
+    spent = 0
+    for call in calls:
+        size = call.response_body_bytes
+        if size is None:
+            continue
+        if spent + size > max_bytes:
+            break
+        spent += size
+        wanted.append(call.pk)
+    if not wanted:
+        return {}
+    rows = Call.objects.filter(pk__in=wanted).values_list("pk", "response_body")
+    return {pk: bytes(body) for pk, body in rows}
+
+
+def call_get_for_job(job: Job, index: int) -> Call:
+    """One call of the job by its index, with its whole response body; Http404 if none."""
+    try:
+        return Call.objects.defer(*CALL_LIST_DEFERRED).get(job=job, index=index)
+    except Call.DoesNotExist:
+        raise Http404("no such call") from None
 
 
 def throttle_event_list_for_job(job: Job) -> QuerySet[ThrottleEvent]:

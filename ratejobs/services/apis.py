@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import redis
 from django.conf import settings
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
-from ratejobs.credentials import encrypt_secret
-from ratejobs.execution.urls import validate_base_url
+from ratejobs.credentials import check_credential_env, encrypt_secret
+from ratejobs.execution.outbound import check_url_allowed, policy_for
+from ratejobs.execution.urls import (
+    UNSAFE_HEADERS,
+    check_header_syntax,
+    check_headers,
+    url_origin,
+    validate_base_url,
+)
 from ratejobs.limiter import Feedback, Limiter
 from ratejobs.models import Api, ThrottleEvent
 
@@ -91,6 +100,10 @@ def _validate(api: Api) -> None:
         validate_base_url(api.base_url)
     except ValueError as exc:
         raise ValidationError({"base_url": str(exc)}) from exc
+    try:  # loopback, private, link-local (cloud metadata) only where the operator allows
+        check_url_allowed(api.base_url, policy_for(settings.RATEJOBS_OUTBOUND_ALLOW))
+    except ValueError as exc:
+        raise ValidationError({"base_url": str(exc)}) from exc
     try:
         api.limiter_config()
     except ValueError as exc:
@@ -101,13 +114,76 @@ def _validate(api: Api) -> None:
         raise ValidationError({"default_headers": "must map header names to string values"})
 
 
+# Header names a credential may not be sent under: the connection's and the HTTP client's own
+# (a secret there is lost, or smuggles a second request), and Cookie, which is the user's.
+FORBIDDEN_AUTH_HEADERS = UNSAFE_HEADERS | {"cookie"}
+
+
+def _validate_credentials(api: Api) -> None:
+    errors: dict[str, str] = {}
+    if api.credential_env and api.credential_encrypted:
+        errors["credential"] = (
+            "give credential or credential_env, not both (set the other one to an empty string)"
+        )
+    if api.credential_env:
+        try:
+            check_credential_env(api.credential_env)
+        except ValueError as exc:
+            errors["credential_env"] = str(exc)
+    try:
+        check_header_syntax({api.auth_header: ""})
+        if api.auth_header.lower() in FORBIDDEN_AUTH_HEADERS:
+            raise ValueError(
+                f"auth_header may not be {api.auth_header!r}: that header belongs to the "
+                "connection or the HTTP client, not to a credential"
+            )
+    except ValueError as exc:
+        errors["auth_header"] = str(exc)
+    if not errors.get("auth_header") and isinstance(api.default_headers, dict):
+        try:  # names that are HTTP tokens, none of them the credential's or the client's
+            check_headers(api.default_headers, protected={api.auth_header})
+        except ValueError as exc:
+            errors["default_headers"] = str(exc)
+    if errors:
+        raise ValidationError(errors)
+
+
+def api_validate(*, api: Api, credential_given: bool) -> None:
+    """Every check on an API about to be saved, new or changed; ValidationError by field.
+
+    A credential belongs to the origin (scheme, host, port) it was given for: moving an API
+    that has one to another origin needs `credential_given` (the secret, credential_env or
+    the removal sent again in the same change), or a user who may edit the base URL could
+    carry a secret they never saw to a host of their own."""
+    _validate(api)
+    _validate_credentials(api)
+    stored = Api.objects.filter(pk=api.pk).values("base_url", "credential_env",
+                                                   "credential_encrypted").first()  # fmt: skip
+    if (
+        stored is not None
+        and (stored["credential_env"] or stored["credential_encrypted"])
+        and url_origin(stored["base_url"]) != url_origin(api.base_url)
+        and not credential_given
+    ):
+        raise ValidationError({"base_url": (
+            "this API has a credential, which was given for its current origin: to move it to "
+            "another scheme, host or port, send the credential (or credential_env) again in the "
+            'same change, or credential "" to remove it'
+        )})  # fmt: skip
+
+
 @transaction.atomic
-def api_create(*, credential: str | None = None, **fields: Any) -> Api:
+def api_create(
+    *, credential: str | None = None, submitter_groups: Iterable[Group] | None = None,
+    **fields: Any,
+) -> Api:  # fmt: skip
     api = Api(**fields)
     if credential:
         api.credential_encrypted = encrypt_secret(credential)
-    _validate(api)
+    api_validate(api=api, credential_given=True)
     api.save()
+    if submitter_groups is not None:
+        api.submitter_groups.set(submitter_groups)
     # robust: with Redis down the API is still saved; workers configure the limiter from
     # the database when they first use it.
     transaction.on_commit(lambda: api_limiter(api).configure(api.limiter_config()), robust=True)
@@ -115,17 +191,26 @@ def api_create(*, credential: str | None = None, **fields: Any) -> Api:
 
 
 @transaction.atomic
-def api_update(*, api: Api, credential: str | None = None, **fields: Any) -> Api:
-    """Change limits live: workers pick them up at their next grant."""
+def api_update(
+    *, api: Api, credential: str | None = None, credential_given: bool | None = None,
+    submitter_groups: Iterable[Group] | None = None, **fields: Any,
+) -> Api:  # fmt: skip
+    """Change limits live: workers pick them up at their next grant. `credential`: None keeps
+    the stored secret, "" removes it. `credential_given` (by default: a credential or
+    credential_env is among the changes) allows a move to another origin."""
     unknown = set(fields) - set(EDITABLE_FIELDS)
     if unknown:
         raise ValidationError(f"cannot change {', '.join(sorted(unknown))}")
+    if credential_given is None:
+        credential_given = credential is not None or "credential_env" in fields
     for name, value in fields.items():
         setattr(api, name, value)
     if credential is not None:
         api.credential_encrypted = encrypt_secret(credential) if credential else ""
-    _validate(api)
+    api_validate(api=api, credential_given=credential_given)
     api.save()
+    if submitter_groups is not None:
+        api.submitter_groups.set(submitter_groups)
     transaction.on_commit(lambda: api_limiter(api).configure(api.limiter_config()), robust=True)
     return api
 

@@ -18,6 +18,7 @@ from ratejobs.credentials import CredentialError, resolve_credential
 from ratejobs.dispatch import request_dispatch
 from ratejobs.execution.execute import ExecutionPolicy, Outcome, execute_call
 from ratejobs.execution.http import session_for_process
+from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.request import HttpRequest, build_request
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_limiter
@@ -144,7 +145,7 @@ def call_execute(*, call_id: int) -> str:
     outcome = execute_call(
         request,
         limiter=api_limiter(api),
-        session=session_for_process(),
+        session=session_for_process(policy_for(settings.RATEJOBS_OUTBOUND_ALLOW)),
         policy=policy,
         attempts=call.attempts + 1,
         throttled_retries=call.throttled_count,

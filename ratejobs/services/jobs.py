@@ -4,21 +4,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
-from django.db import IntegrityError, transaction
-from django.db.models import F, Min
+from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Count, F, Min, Sum
 from django.utils import timezone
 
 from ratejobs.dispatch import request_dispatch
 from ratejobs.execution.urls import check_headers, resolve_url, validate_method
 from ratejobs.models import Api, Call, Job
+from ratejobs.permissions import can_submit_to
 
 CALL_FIELDS = {"method", "path", "query", "headers", "json", "body"}
 # Rows per INSERT: large enough to be fast, small enough for SQLite's variable limit.
 BULK_BATCH = 2000
+# ... and bytes: calls waiting in a batch are Python objects, several times larger than their
+# JSON (a JSON body of empty arrays takes about 20 times its size), so a batch of large calls
+# is written out early to keep a request's memory in the tens of MiB.
+BULK_BATCH_BYTES = 2 * 1024 * 1024
 
 
 class CallsInvalid(ValidationError):
@@ -45,6 +51,12 @@ class CallsInvalid(ValidationError):
 
 def call_fields_from_spec(*, api: Api, spec: Any) -> dict[str, Any]:
     """Validate one call as given by a client; raise ValidationError naming the bad fields."""
+    return _call_fields_and_weight(api=api, spec=spec)[0]
+
+
+def _call_fields_and_weight(*, api: Api, spec: Any) -> tuple[dict[str, Any], int]:
+    """The call's fields and roughly how many bytes it takes serialized (its URL, headers and
+    body), so a batch of calls can be bounded in bytes as well as in rows."""
     if not isinstance(spec, Mapping):
         raise ValidationError("each call must be an object")
     errors: dict[str, str] = {}
@@ -65,6 +77,7 @@ def call_fields_from_spec(*, api: Api, spec: Any) -> dict[str, Any]:
         and all(isinstance(v, str | int | float | bool | list) for v in query.values())
     ):
         errors["query"] = "must be an object of names to values"
+    header_bytes = 0
     if headers is not None:
         if not isinstance(headers, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
@@ -75,13 +88,15 @@ def call_fields_from_spec(*, api: Api, spec: Any) -> dict[str, Any]:
                 check_headers(headers, protected={api.auth_header})
             except ValueError as exc:
                 errors["headers"] = str(exc)
+            header_bytes = sum(len(k) + len(v) for k, v in headers.items())
     if body_json is not None and body is not None:
         errors["body"] = "give json or body, not both"
     elif body is not None and not isinstance(body, str):
         errors["body"] = "must be a string (use json for structured bodies)"
+    url = ""
     if not errors and isinstance(path, str):
         try:
-            resolve_url(api.base_url, path, query)
+            url = resolve_url(api.base_url, path, query)
         except ValueError as exc:
             errors["path"] = str(exc)
     size = len(body.encode()) if isinstance(body, str) else 0
@@ -91,7 +106,7 @@ def call_fields_from_spec(*, api: Api, spec: Any) -> dict[str, Any]:
         errors["body"] = f"larger than {settings.RATEJOBS_MAX_CALL_BODY_BYTES} bytes"
     if errors:
         raise ValidationError(errors)
-    return {
+    fields = {
         "method": method,
         "path": path,
         "query": dict(query) if query else None,
@@ -99,6 +114,14 @@ def call_fields_from_spec(*, api: Api, spec: Any) -> dict[str, Any]:
         "json": body_json,
         "body": body,
     }
+    return fields, len(url) + header_bytes + size
+
+
+# Jobs that still hold calls to send, and count against their owner's limits.
+UNFINISHED = (Job.Status.QUEUED, Job.Status.RUNNING, Job.Status.PAUSED)
+# Namespace of the PostgreSQL advisory locks that serialize one owner's job creations, so that
+# two concurrent requests cannot both pass the owner's limits (any constant unused elsewhere).
+OWNER_LOCK_NAMESPACE = 0x6A6F6273  # "jobs"
 
 
 def job_create(
@@ -109,6 +132,7 @@ def job_create(
     calls: Iterable[Any],
     priority: int = 1,
     idempotency_key: str | None = None,
+    max_calls: int | None = None,
 ) -> Job:
     """Store a job and all its calls, or nothing: one transaction, rolled back on the first
     invalid call (after collecting a few more errors) or when `calls` itself raises.
@@ -116,18 +140,30 @@ def job_create(
     `calls` is consumed once and stored in batches, so an upload of a million rows never sits
     in memory whole. With an idempotency key, a retry of the same request returns the job made
     the first time.
+
+    The owner's limits hold for every way in (REST, admin, command line): at most
+    RATEJOBS_MAX_ACTIVE_JOBS_PER_USER unfinished jobs, at most
+    RATEJOBS_MAX_PENDING_CALLS_PER_USER calls not yet final over them, and at most `max_calls`
+    calls in this job (RATEJOBS_MAX_CALLS_PER_REQUEST when not given).
     """
     if idempotency_key:
         existing = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing
+    if not can_submit_to(owner, api):
+        raise PermissionDenied(
+            f"You may not submit jobs to the API {api.name!r}: it takes jobs only from the "
+            "members of its submitter groups."
+        )
     job = Job(owner=owner, api=api, name=name, priority=priority, idempotency_key=idempotency_key)
     job.full_clean(exclude=["owner", "api", "idempotency_key"])
     try:
         with transaction.atomic():
+            _lock_owner(owner)
+            allowed = _calls_allowed(owner, max_calls)
             job.dispatch_pass = _lowest_active_pass(api.pk)
             job.save()
-            job.total = _store_calls(job, calls)
+            job.total = _store_calls(job, calls, allowed)
             Job.objects.filter(pk=job.pk).update(total=job.total)
             transaction.on_commit(lambda: request_dispatch(api.pk))
     except IntegrityError:
@@ -137,19 +173,64 @@ def job_create(
     return job
 
 
-def _store_calls(job: Job, calls: Iterable[Any]) -> int:
+def _lock_owner(owner: Any) -> None:
+    """Serialize the owner's job creations until the transaction ends. PostgreSQL takes an
+    advisory lock (the user's row stays free for logins); SQLite runs one writing transaction
+    at a time anyway (IMMEDIATE transactions, see settings)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(%s, %s)", [OWNER_LOCK_NAMESPACE, int(owner.pk)]
+            )
+
+
+@dataclass(frozen=True)
+class _CallsAllowed:
+    """How many calls the new job may hold, and the message when it has more."""
+
+    most: int
+    refusal: str
+
+
+def _calls_allowed(owner: Any, max_calls: int | None) -> _CallsAllowed:
+    """Check the owner's unfinished jobs against the limits; how many calls the job may have."""
+    max_jobs = settings.RATEJOBS_MAX_ACTIVE_JOBS_PER_USER
+    max_pending = settings.RATEJOBS_MAX_PENDING_CALLS_PER_USER
+    unfinished = Job.objects.filter(owner=owner, status__in=UNFINISHED).aggregate(
+        jobs=Count("pk"),
+        pending=Sum(F("total") - F("succeeded") - F("failed") - F("cancelled")),
+    )
+    if unfinished["jobs"] >= max_jobs:
+        raise ValidationError(
+            f"You have {unfinished['jobs']} unfinished jobs (queued, running or paused); the "
+            f"limit is {max_jobs} per user (RATEJOBS_MAX_ACTIVE_JOBS_PER_USER). Wait for some "
+            "to finish, or cancel them."
+        )
+    per_job = settings.RATEJOBS_MAX_CALLS_PER_REQUEST if max_calls is None else max_calls
+    room = max_pending - (unfinished["pending"] or 0)
+    if room < per_job:
+        return _CallsAllowed(
+            most=max(room, 0),
+            refusal=f"your unfinished jobs already hold {unfinished['pending'] or 0} calls not "
+            f"yet sent; the limit is {max_pending} per user "
+            "(RATEJOBS_MAX_PENDING_CALLS_PER_USER), so this job may have at most "
+            f"{max(room, 0)} calls",
+        )
+    return _CallsAllowed(most=per_job, refusal=f"at most {per_job} calls per job")
+
+
+def _store_calls(job: Job, calls: Iterable[Any], allowed: _CallsAllowed) -> int:
     """Validate and insert the calls in batches; raise (and store nothing) if any is bad."""
     batch: list[Call] = []
+    batch_bytes = 0
     errors: dict[int, dict[str, list[str]]] = {}
     total = 0
     for index, spec in enumerate(calls):
-        if index >= settings.RATEJOBS_MAX_CALLS_PER_REQUEST:
-            raise ValidationError(
-                {"calls": f"at most {settings.RATEJOBS_MAX_CALLS_PER_REQUEST} calls per job"}
-            )
+        if index >= allowed.most:
+            raise ValidationError({"calls": allowed.refusal})
         total = index + 1
         try:
-            fields = call_fields_from_spec(api=job.api, spec=spec)
+            fields, weight = _call_fields_and_weight(api=job.api, spec=spec)
         except ValidationError as exc:
             errors[index] = (
                 exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.messages}
@@ -160,9 +241,10 @@ def _store_calls(job: Job, calls: Iterable[Any]) -> int:
         if errors:
             continue  # nothing more is stored; the rest is only checked
         batch.append(Call(job=job, index=index, **fields))
-        if len(batch) >= BULK_BATCH:
+        batch_bytes += weight
+        if len(batch) >= BULK_BATCH or batch_bytes >= BULK_BATCH_BYTES:
             Call.objects.bulk_create(batch)
-            batch = []
+            batch, batch_bytes = [], 0
     if errors:
         raise CallsInvalid(errors)
     if not total:

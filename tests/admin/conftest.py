@@ -15,20 +15,5 @@ def _every_admin_test_uses_the_test_redis(services_redis: None) -> None:
 
 
 @pytest.fixture
-def superuser(django_user_model: Any) -> Any:
-    return django_user_model.objects.create_superuser("root", password="root-password")
-
-
-@pytest.fixture
-def admin_client_for() -> Any:
-    def make(user: Any) -> Client:
-        client = Client()
-        client.force_login(user)
-        return client
-
-    return make
-
-
-@pytest.fixture
 def root_client(admin_client_for: Any, superuser: Any) -> Client:
     return admin_client_for(superuser)

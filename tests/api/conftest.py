@@ -9,21 +9,12 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
+from tests.api.realserver import web_server  # noqa: F401 (fixture)
+
 
 @pytest.fixture(autouse=True)
 def _every_api_test_uses_the_test_redis(services_redis: None) -> None:
     """Every API test talks to the test Redis (see services_redis)."""
-
-
-@pytest.fixture
-def client_for() -> Callable[[Any], APIClient]:
-    def make(user: Any | None) -> APIClient:
-        client = APIClient()
-        if user is not None:
-            client.force_authenticate(user)
-        return client
-
-    return make
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The /api/apis/ endpoints: staff create and change APIs; everyone signed in reads them with
+"""The /api/apis/ endpoints: managers create and change APIs; everyone signed in reads them with
 their live limiter state; the credential never leaves the server."""
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ def api_payload(name: str, **fields: object) -> dict[str, object]:
     }
 
 
-def test_staff_creates_an_api_and_its_credential_never_appears_in_a_response(
-    client_for, staff, user, unique_name
+def test_a_manager_creates_an_api_and_its_credential_never_appears_in_a_response(
+    client_for, manager, user, unique_name
 ):
-    staff_client, user_client = client_for(staff), client_for(user)
+    manager_client, user_client = client_for(manager), client_for(user)
     responses = []
 
-    created = staff_client.post("/api/apis/", api_payload(unique_name), format="json")
+    created = manager_client.post("/api/apis/", api_payload(unique_name), format="json")
     responses.append(created)
     assert created.status_code == 201, created.json()
     body = created.json()
@@ -53,11 +53,11 @@ def test_staff_creates_an_api_and_its_credential_never_appears_in_a_response(
     assert stored.credential_encrypted and CANARY not in stored.credential_encrypted
 
     responses += [
-        staff_client.get("/api/apis/"),
-        staff_client.get(f"/api/apis/{unique_name}/"),
+        manager_client.get("/api/apis/"),
+        manager_client.get(f"/api/apis/{unique_name}/"),
         user_client.get("/api/apis/"),
         user_client.get(f"/api/apis/{unique_name}/"),
-        staff_client.patch(
+        manager_client.patch(
             f"/api/apis/{unique_name}/", {"rate": 6, "credential": CANARY + "-2"}, format="json"
         ),
         user_client.post(
@@ -117,18 +117,18 @@ def test_anonymous_requests_are_refused_with_401(client_for, api):
     ],
 )
 def test_bad_api_values_are_400_with_field_errors_and_nothing_stored(
-    client_for, staff, unique_name, fields, bad_field
+    client_for, manager, unique_name, fields, bad_field
 ):
     payload = {**api_payload(unique_name), **fields}
-    response = client_for(staff).post("/api/apis/", payload, format="json")
+    response = client_for(manager).post("/api/apis/", payload, format="json")
     assert response.status_code == 400
     assert bad_field in response.json(), response.json()
     assert CANARY not in response.content.decode()
     assert not Api.objects.filter(name__startswith=unique_name).exists()
 
 
-def test_a_duplicate_api_name_is_400(client_for, staff, api):
-    response = client_for(staff).post("/api/apis/", api_payload(api.name), format="json")
+def test_a_duplicate_api_name_is_400(client_for, manager, api):
+    response = client_for(manager).post("/api/apis/", api_payload(api.name), format="json")
     assert response.status_code == 400
     assert "name" in response.json()
 
@@ -147,16 +147,16 @@ def test_an_api_shows_its_live_limiter_state(api_client, api):
     assert {"next_free_in", "generation", "burst", "period"} <= set(limiter)
 
 
-def test_patch_changes_limits_live(client_for, staff, api, django_capture_on_commit_callbacks):
-    staff_client = client_for(staff)
+def test_patch_changes_limits_live(client_for, manager, api, django_capture_on_commit_callbacks):
+    manager_client = client_for(manager)
     with django_capture_on_commit_callbacks(execute=True):
-        response = staff_client.patch(
+        response = manager_client.patch(
             f"/api/apis/{api.name}/", {"rate": 7, "burst": 3}, format="json"
         )
     assert response.status_code == 200, response.json()
     assert response.json()["rate"] == 7
 
-    limiter = staff_client.get(f"/api/apis/{api.name}/").json()["limiter"]
+    limiter = manager_client.get(f"/api/apis/{api.name}/").json()["limiter"]
     assert (limiter["rate"], limiter["burst"]) == (7, 3)
 
 
@@ -164,16 +164,18 @@ def test_patch_changes_limits_live(client_for, staff, api, django_capture_on_com
     ("fields", "bad_field"),
     [({"name": "renamed"}, "name"), ({"burst": 0}, "burst"), ({"rate": -2}, "rate")],
 )
-def test_patch_refuses_bad_or_unchangeable_fields(client_for, staff, api, fields, bad_field):
-    response = client_for(staff).patch(f"/api/apis/{api.name}/", fields, format="json")
+def test_patch_refuses_bad_or_unchangeable_fields(client_for, manager, api, fields, bad_field):
+    response = client_for(manager).patch(f"/api/apis/{api.name}/", fields, format="json")
     assert response.status_code == 400
     assert bad_field in response.json()
     unchanged = Api.objects.get(pk=api.pk)
     assert (unchanged.name, unchanged.rate, unchanged.burst) == (api.name, 10, 1)
 
 
-def test_patch_with_an_empty_credential_removes_it(client_for, staff, api):
-    response = client_for(staff).patch(f"/api/apis/{api.name}/", {"credential": ""}, format="json")
+def test_patch_with_an_empty_credential_removes_it(client_for, manager, api):
+    response = client_for(manager).patch(
+        f"/api/apis/{api.name}/", {"credential": ""}, format="json"
+    )
     assert response.json()["has_credential"] is False
 
 
@@ -193,10 +195,12 @@ def test_redis_down_gives_apis_with_a_null_limiter_not_a_500(api_client, api, re
         assert "Redis" in body["limiter_error"]
 
 
-def test_non_staff_see_default_header_names_but_not_values(client_for, user, staff, make_api):
+def test_only_managers_see_default_header_values(client_for, user, staff, manager, make_api):
     api = make_api(default_headers={"X-Static-Key": "static-secret"})
     as_user = client_for(user).get(f"/api/apis/{api.name}/").json()
-    as_staff = client_for(staff).get(f"/api/apis/{api.name}/").json()
+    as_staff = client_for(manager).get(f"/api/apis/{api.name}/").json()
+    as_plain_staff = client_for(staff).get(f"/api/apis/{api.name}/").json()
+    assert as_plain_staff["default_headers"] == {"X-Static-Key": "***"}
     assert as_user["default_headers"] == {"X-Static-Key": "***"}
     assert as_staff["default_headers"] == {"X-Static-Key": "static-secret"}
 
@@ -215,15 +219,15 @@ def test_token_auth_works_and_a_bad_token_is_401(client_for, user, api):
 
 
 def test_an_api_created_or_changed_while_redis_is_down_is_saved(
-    client_for, staff, unique_name, redis_down, django_capture_on_commit_callbacks
+    client_for, manager, unique_name, redis_down, django_capture_on_commit_callbacks
 ):
     # given: the limiter cannot be configured (Redis down) when the change commits;
     # expect: the API is saved all the same, and the response says why there is no limiter.
-    staff_client = client_for(staff)
+    manager_client = client_for(manager)
     with django_capture_on_commit_callbacks(execute=True):
-        created = staff_client.post("/api/apis/", api_payload(unique_name), format="json")
+        created = manager_client.post("/api/apis/", api_payload(unique_name), format="json")
     with django_capture_on_commit_callbacks(execute=True):
-        changed = staff_client.patch(f"/api/apis/{unique_name}/", {"rate": 2}, format="json")
+        changed = manager_client.patch(f"/api/apis/{unique_name}/", {"rate": 2}, format="json")
 
     assert (created.status_code, changed.status_code) == (201, 200)
     assert changed.json()["limiter"] is None and changed.json()["limiter_error"]

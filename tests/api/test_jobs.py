@@ -193,13 +193,28 @@ def test_someone_elses_job_is_404_everywhere(client_for, other_user, make_job):
     assert job.status == Job.Status.QUEUED
 
 
-def test_staff_see_every_job(client_for, staff, other_user, make_job):
+def test_superusers_see_and_act_on_every_job(client_for, superuser, other_user, make_job):
     mine, theirs = make_job(), make_job(owner=other_user)
-    staff_client = client_for(staff)
-    listed = {j["id"] for j in staff_client.get("/api/jobs/").json()["results"]}
+    root_client = client_for(superuser)
+    listed = {j["id"] for j in root_client.get("/api/jobs/").json()["results"]}
     assert {mine.pk, theirs.pk} <= listed
-    assert staff_client.get(f"/api/jobs/{theirs.pk}/calls/").status_code == 200
-    assert staff_client.post(f"/api/jobs/{theirs.pk}/pause/").json()["status"] == "paused"
+    assert root_client.get(f"/api/jobs/{theirs.pk}/calls/").status_code == 200
+    assert root_client.post(f"/api/jobs/{theirs.pk}/pause/").json()["status"] == "paused"
+
+
+def test_staff_who_are_not_superusers_neither_see_nor_touch_others_jobs(
+    client_for, staff, manager, other_user, make_job
+):
+    # given: the REST API and the admin follow one policy (ratejobs.permissions)
+    theirs = make_job(owner=other_user)
+    for person in (staff, manager):
+        client = client_for(person)
+        listed = {j["id"] for j in client.get("/api/jobs/").json()["results"]}
+        assert theirs.pk not in listed
+        assert client.get(f"/api/jobs/{theirs.pk}/calls/").status_code == 404
+        assert client.post(f"/api/jobs/{theirs.pk}/cancel/").status_code == 404
+    theirs.refresh_from_db()
+    assert theirs.status == "queued"
 
 
 def test_jobs_are_listed_newest_first_and_filter_by_status(api_client, make_job):

@@ -23,11 +23,13 @@ CALLS = 100
 PASSWORD = "browser-test-password"
 
 
-def log_in(page: Any, base_url: str) -> None:
-    get_user_model().objects.create_superuser("operator", password=PASSWORD)
+def log_in(page: Any, base_url: str, username: str = "operator") -> None:
+    """Log in as `username`, a superuser made here unless the test made that user itself."""
+    if not get_user_model().objects.filter(username=username).exists():
+        get_user_model().objects.create_superuser(username, password=PASSWORD)
     page.set_default_timeout(30_000)
     page.goto(f"{base_url}/admin/login/?next=/admin/")
-    page.fill("#id_username", "operator")
+    page.fill("#id_username", username)
     page.fill("#id_password", PASSWORD)
     page.click("input[type=submit]")
     page.wait_for_url(f"{base_url}/admin/")
@@ -112,3 +114,28 @@ def test_edit_an_api_limit_and_block_it_from_its_page(
     page.click("text=Reset limiter")
     page.locator(".messagelist", has_text="Limiter reset").wait_for()
     assert api_limiter_state(api).blocked_for == 0
+
+
+def test_a_staff_member_who_does_not_manage_apis_sees_an_api_read_only(
+    live_server, services_redis, unique_name, browser_page, screenshot
+):
+    # given an API with a stored credential and a header holding a key, and a staff member
+    # without the ratejobs.manage_api permission
+    api = api_create(
+        name=unique_name, base_url="https://api.example.com/v1", rate=10,
+        default_headers={"X-Static-Key": "static-secret-value"}, credential="stored-secret",
+    )  # fmt: skip
+    get_user_model().objects.create_user("viewer", password=PASSWORD, is_staff=True)
+    page = browser_page
+    log_in(page, live_server.url, "viewer")
+
+    page.goto(f"{live_server.url}/admin/ratejobs/api/{api.pk}/change/")
+    page.locator("#rj-limiter").wait_for()
+    text = page.content()
+    # expect: the limits and live state, no way to change, block or reset, and no secret
+    assert page.locator("input[name=_save]").count() == 0
+    assert page.locator("text=Reset limiter").count() == 0
+    assert page.locator("input[name=seconds]").count() == 0
+    assert "X-Static-Key: ***" in text
+    assert "static-secret-value" not in text and "stored-secret" not in text
+    print("API page, read only:", screenshot(page, "api-page-read-only"))

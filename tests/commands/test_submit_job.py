@@ -92,6 +92,9 @@ def test_unknown_api_owner_file_or_format_are_clear_errors(api, root, tmp_path, 
         submit("--api", "nope", "--file", str(calls))
     with pytest.raises(CommandError, match="no user named 'ghost'"):
         submit("--api", api.name, "--file", str(calls), "--owner", "ghost")
+    django_user_model.objects.create_user("gone", password="x", is_active=False)
+    with pytest.raises(CommandError, match="user 'gone' is inactive"):
+        submit("--api", api.name, "--file", str(calls), "--owner", "gone")
     with pytest.raises(CommandError, match="cannot read .*missing.jsonl"):
         submit("--api", api.name, "--file", str(tmp_path / "missing.jsonl"))
     text = tmp_path / "calls.txt"

@@ -7,12 +7,14 @@ redirect to another host.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,6 +24,11 @@ import pytest
 import requests
 
 from ratejobs.execution.http import new_session
+from ratejobs.execution.outbound import OutboundPolicy
+
+# The test servers listen on 127.0.0.1 (and localhost resolves there): the only addresses the
+# tests' sessions may reach. 127.0.0.2 stays outside, for the tests of refusals.
+LOOPBACK = OutboundPolicy.from_allow_list(["127.0.0.1/32", "::1/128"])
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,46 @@ class _Handler(BaseHTTPRequestHandler):
         }
         self._reply(200, json.dumps(payload).encode(), {"Content-Type": "application/json"})
 
+    def route_trickle_head(self, rest: list[str], params: dict[str, str], seen: Seen) -> None:
+        # the status line and headers themselves, one byte every `interval` seconds: no read
+        # ever waits long, and the response never gets past its headers
+        interval = float(params.get("interval", "0.3"))
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Padding: " + b"p" * 200 + b"\r\n\r\nok"
+        self.close_connection = True
+        try:
+            for byte in head:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(interval)
+        except OSError:
+            pass
+
+    def route_bomb(self, rest: list[str], params: dict[str, str], seen: Seen) -> None:
+        # /bomb/<gzip|deflate>?mib=N: N MiB of zeros, compressed as they are sent (about a
+        # thousandth of that on the wire), until the client hangs up; nothing is held whole
+        encoding, mib = rest[0], int(params.get("mib", "1024"))
+        wbits = {"gzip": 31, "deflate": 15}[encoding]
+        compressor = zlib.compressobj(9, zlib.DEFLATED, wbits)
+        zeros = bytes(1024 * 1024)
+        self.send_response(200)
+        self.send_header("Content-Encoding", encoding)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Connection", "close")  # no length: the body ends when we close
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for _ in range(mib):
+                self.wfile.write(compressor.compress(zeros))
+            self.wfile.write(compressor.flush())
+        except OSError:
+            pass
+
+    def route_headers(self, rest: list[str], params: dict[str, str], seen: Seen) -> None:
+        # /headers?count=N&size=S: N headers X-Pad-<i> of S bytes each, then X-Last
+        count, size = int(params.get("count", "10")), int(params.get("size", "10"))
+        headers = {f"X-Pad-{i}": "v" * size for i in range(count)}
+        self._reply(200, b"ok", {**headers, "X-Last": "last"})
+
     def route_cookie(self, rest: list[str], params: dict[str, str], seen: Seen) -> None:
         self._reply(200, b"here is a cookie", {"Set-Cookie": "session=secret-session; Path=/"})
 
@@ -173,15 +220,31 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
-@pytest.fixture(scope="session")
-def http_server() -> Iterator[TestServer]:
-    server = _Server(("127.0.0.1", 0), _Handler)
+@contextlib.contextmanager
+def serving(host: str = "127.0.0.1") -> Iterator[TestServer]:
+    """The test routes on a fresh port of `host`, in a thread, for the block."""
+    server = _Server((host, 0), _Handler)
     server.state = TestServer(port=server.server_address[1])
     thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
     thread.start()
-    yield server.state
-    server.shutdown()
-    server.server_close()
+    try:
+        yield server.state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="session")
+def http_server() -> Iterator[TestServer]:
+    with serving() as state:
+        yield state
+
+
+@pytest.fixture(scope="session")
+def second_server() -> Iterator[TestServer]:
+    """Another origin (another port) on 127.0.0.1."""
+    with serving() as state:
+        yield state
 
 
 @pytest.fixture
@@ -192,7 +255,7 @@ def marker() -> str:
 
 @pytest.fixture
 def session() -> Iterator[requests.Session]:
-    made = new_session()
+    made = new_session(LOOPBACK)
     yield made
     made.close()
 

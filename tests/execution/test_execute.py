@@ -14,7 +14,7 @@ from ratejobs.execution import ExecutionPolicy, HttpRequest, execute_call
 from ratejobs.execution.execute import LIMITER_UNAVAILABLE_RETRY_SECONDS
 from ratejobs.execution.http import new_session
 from ratejobs.limiter import Limiter, LimiterConfig
-from tests.execution.conftest import free_port
+from tests.execution.conftest import LOOPBACK, free_port
 
 SECRET = "tok-s3cr3t-value"
 POLICY = ExecutionPolicy(
@@ -83,7 +83,7 @@ def test_burst_of_429s_cuts_the_rate_once(http_server, make_limiter):
     limiter = make_limiter(LimiterConfig(rate=100, burst=5, adaptive=True))
     url = http_server.url("/status/429?retry_after=0&delay=0.3")
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(run, get(url), limiter, new_session()) for _ in range(2)]
+        futures = [pool.submit(run, get(url), limiter, new_session(LOOPBACK)) for _ in range(2)]
         outcomes = [f.result() for f in futures]
     # expect: both throttled, one throttle counted, the rate cut once (x0.7)
     assert [o.kind for o in outcomes] == ["throttled", "throttled"]
@@ -146,16 +146,21 @@ class Interrupted(BaseException):
     """Stands in for a worker's time limit (Celery's SoftTimeLimitExceeded) during a send."""
 
 
-class InterruptedSession(requests.Session):
-    def send(self, request, **kwargs):
+def interrupted_session() -> requests.Session:
+    session = new_session(LOOPBACK)
+
+    def send(request, **kwargs):
         raise Interrupted
+
+    session.send = send
+    return session
 
 
 def test_lease_is_returned_when_the_send_raises(make_limiter):
     # given a cap of one request in flight
     limiter = make_limiter(LimiterConfig(rate=100, burst=5, max_concurrency=1))
     with pytest.raises(Interrupted):
-        run(get("http://127.0.0.1:9/x"), limiter, InterruptedSession())
+        run(get("http://127.0.0.1:9/x"), limiter, interrupted_session())
     # expect: the lease is back now, not at its expiry
     assert limiter.state().in_flight == 0
     limiter.release(limiter.acquire(max_wait=0))
@@ -164,7 +169,7 @@ def test_lease_is_returned_when_the_send_raises(make_limiter):
 def test_lease_is_returned_when_the_request_is_malformed(make_limiter):
     limiter = make_limiter(LimiterConfig(rate=100, burst=5, max_concurrency=1))
     with pytest.raises(ValueError):
-        run(get("http://:80/x"), limiter, requests.Session())
+        run(get("http://:80/x"), limiter, new_session(LOOPBACK))
     assert limiter.state().in_flight == 0
 
 

@@ -35,6 +35,11 @@ CONNECT_ERROR = HttpResult(
     status_code=None, error_kind="connect", error="could not connect: Connection refused"
 )
 TIMEOUT = HttpResult(status_code=None, error_kind="timeout", error="no response within 1s")
+REFUSED = HttpResult(
+    status_code=None,
+    error_kind="refused",
+    error="address 127.0.0.2 of host a.test is not allowed by the outbound policy",
+)
 
 
 @pytest.mark.parametrize(
@@ -57,6 +62,8 @@ TIMEOUT = HttpResult(status_code=None, error_kind="timeout", error="no response 
         (CONNECT_ERROR, 3, 0, "failed"),
         (TIMEOUT, 2, 0, "retry"),
         (TIMEOUT, 3, 0, "failed"),
+        # a refused address is configuration: no retry would get through
+        (REFUSED, 1, 0, "failed"),
         (status(429), 1, 0, "throttled"),
         # throttles do not use up max_attempts...
         (status(429), 3, 0, "throttled"),
@@ -131,3 +138,9 @@ def test_only_non_throttled_results_use_up_an_attempt():
     assert decide(status(200)).counts_as_attempt
     assert not decide(status(429)).counts_as_attempt
     assert not decide(status(429), throttled_retries=2).counts_as_attempt
+
+
+def test_a_refused_address_fails_at_once_with_the_policy_s_reason():
+    decision = decide(REFUSED, attempts=1)
+    assert decision.kind == "failed" and decision.retry_after == 0
+    assert decision.error == REFUSED.error and not decision.throttle

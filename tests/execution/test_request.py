@@ -76,3 +76,21 @@ def test_headers_are_copied_so_later_changes_do_not_leak_in():
     request = HttpRequest("GET", "https://a.x/", headers)
     headers["Accept"] = "b"
     assert request.headers["Accept"] == "a"
+
+
+def test_build_request_names_the_credential_headers_and_the_base_for_redirects():
+    request = build_request(
+        method="GET",
+        base_url="https://api.x.com/v2/",
+        path="users",
+        credentials={"X-Api-Key": SECRET},
+    )
+    assert request.credential_headers == frozenset({"x-api-key"})
+    assert request.base_url == "https://api.x.com/v2"
+    assert SECRET not in repr(request)
+
+
+def test_a_request_built_without_credentials_has_none_to_drop():
+    request = build_request(method="GET", base_url="https://api.x.com", path="/")
+    assert request.credential_headers == frozenset() and request.base_url == "https://api.x.com"
+    assert HttpRequest("GET", "https://a.x/").base_url is None

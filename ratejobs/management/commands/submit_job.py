@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 
 from ratejobs.models import MAX_PRIORITY, Api, Job
+from ratejobs.permissions import can_submit_jobs
 from ratejobs.selectors.apis import api_list
 from ratejobs.selectors.jobs import duration_text, job_eta_seconds, job_paces
 from ratejobs.services.jobs import CallsInvalid, job_create
@@ -45,7 +46,7 @@ class Command(BaseCommand):
         parser.add_argument("--name", help="the job's name (default: the file's name)")
         parser.add_argument(
             "--owner",
-            help="username the job belongs to; jobs are visible to their owner and to staff "
+            help="username the job belongs to; jobs are visible to their owner and to superusers "
             "(default: the only superuser when there is exactly one; with several it must be "
             "named, so that a job never belongs to someone by guesswork)",
         )
@@ -100,6 +101,8 @@ class Command(BaseCommand):
             raise CommandError(f"{where}: {problems}; nothing was stored") from None
         except ValidationError as exc:
             raise CommandError(f"{_problems(exc)}; nothing was stored") from None
+        except PermissionDenied as exc:
+            raise CommandError(f"{exc} Nothing was stored.") from None
         except OSError as exc:  # the file went away or failed while being read
             raise CommandError(f"cannot read {where}: {exc}; nothing was stored") from None
         except KeyboardInterrupt:  # job_create's transaction has rolled back
@@ -182,6 +185,8 @@ def _owner(username: str | None) -> Any:
         owner = users.filter(username=username).first()
         if owner is None:
             raise CommandError(f"no user named {username!r}")
+        if not can_submit_jobs(owner):  # the same role model as the admin and the REST API
+            raise CommandError(f"user {username!r} is inactive and may not own new jobs")
         return owner
     superusers = list(users.filter(is_superuser=True, is_active=True)[:2])
     if len(superusers) != 1:

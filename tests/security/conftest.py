@@ -1,0 +1,13 @@
+"""Security tests run as an attacker with an ordinary account would: through the real REST
+routes, admin pages, services and worker code, against real servers on loopback."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
+
+
+@pytest.fixture(autouse=True)
+def _every_security_test_uses_the_test_redis(services_redis: None) -> None:
+    """The limiter of every API made here lives in the test Redis (see services_redis)."""
