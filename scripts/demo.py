@@ -256,6 +256,8 @@ class Demo:
 def main() -> int:
     # SIGTERM (from a test or a process manager) stops as cleanly as Ctrl-C.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # Started in the background by a shell, it would inherit SIGINT ignored: Ctrl-C must work.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     return Demo().run()
 
 

@@ -22,6 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sandbox = Sandbox(config)
     # Before the ready line: whoever read it may send SIGTERM at once.
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    # A process started in the background by a shell inherits SIGINT ignored, and then
+    # _thread.interrupt_main() (stdin closed) would do nothing: take Ctrl-C back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         sandbox.bind()
     except OSError as exc:
