@@ -155,9 +155,11 @@ class AddressRefused(Exception):
 
 
 def refusal_message(verdict: Verdict, host: str) -> str:
+    where = verdict.address if _normal_host(host) == verdict.address else (
+        f"{verdict.address} of host {host}"
+    )  # fmt: skip
     return (
-        f"address {verdict.address} of host {host} is not allowed by the outbound policy "
-        f"({ALLOW_SETTING}): {verdict.reason}"
+        f"address {where} is not allowed by the outbound policy ({ALLOW_SETTING}): {verdict.reason}"
     )
 
 
