@@ -103,6 +103,11 @@ class ApiAdminForm(forms.ModelForm):
     class Meta:
         model = Api
         fields = "__all__"
+        help_texts = {
+            "credential_env": "or the name of a variable of the workers' environment holding "
+            "the secret: it must start with RATEJOBS_CRED_ (or be listed in "
+            "RATEJOBS_CREDENTIAL_ENV_ALLOW)",
+        }
 
     def credential_given(self) -> bool:
         """Whether the credential is given again in this change (see api_validate)."""
