@@ -7,7 +7,9 @@ builders so a worker process loads only the one it runs.
 
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -49,7 +51,8 @@ class Contender:
     shared: bool  # one limit for all processes (Redis) rather than one per process
     note: str  # how it is used, for the legend
     build: Callable[[str, str, int, bool], Gate]  # (redis url, key prefix, rate, high)
-    prepare: Callable[[str, str, int], None] | None = None  # parent-side set-up, once a run
+    # parent-side set-up, once a run: (redis url, key prefix, rate, high)
+    prepare: Callable[[str, str, int, bool], None] | None = None
 
 
 class _SyncGate:
@@ -77,16 +80,25 @@ def _ours_limiter(client: redis.Redis, prefix: str) -> Any:
     return Limiter(client, API_KEY, key_prefix=prefix)
 
 
-def _prepare_ours(url: str, prefix: str, rate: int) -> None:
+def _prepare_ours(url: str, prefix: str, rate: int, high: bool, burst: int = API_BURST) -> None:
     from ratejobs.limiter import LimiterConfig
 
     client = redis.Redis.from_url(url)
     try:
         _ours_limiter(client, prefix).configure(
-            LimiterConfig(rate=float(rate), period=1.0, burst=API_BURST)
+            LimiterConfig(rate=float(rate), period=1.0, burst=burst)
         )
     finally:
         client.close()
+
+
+def _prepare_ours_batch(url: str, prefix: str, rate: int, high: bool) -> None:
+    # At 1,000,000/s and burst 1 a batch's slots lie 1 µs apart, so all but the first would be
+    # reserved future slots, each confirmed in a round trip of its own: that measures waiting,
+    # which the unlimited run is there to leave out. Burst = the batch lets a whole batch
+    # conform at once there (BENCH_BATCH_BURST overrides it, to measure the other case).
+    high_burst = int(os.environ.get("BENCH_BATCH_BURST", BATCH_SIZE))
+    _prepare_ours(url, prefix, rate, high, high_burst if high else API_BURST)
 
 
 class OursGate(_SyncGate):
@@ -101,6 +113,41 @@ class OursGate(_SyncGate):
     def release(self) -> None:
         # Part of our protocol: the lease backs the optional in-flight cap.
         self.limiter.release(self.grant)
+
+
+# The engine's batch: a task takes this many call ids and runs them concurrently (issue 10).
+BATCH_SIZE = 32
+
+
+class OursBatchGate(_SyncGate):
+    """acquire_many(BATCH_SIZE) when the last batch is used up, confirm() right before each
+    send (it sleeps until the slot and re-checks the block), and release_many() of the whole
+    batch before the next one, as a task running its batch of calls does."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.limiter = _ours_limiter(self.client, prefix)
+        self.reserved: deque[Any] = deque()
+        self.sent: list[Any] = []
+        self.grant: Any = None
+
+    def acquire(self) -> None:
+        if not self.reserved:
+            self._release_sent()
+            self.reserved.extend(self.limiter.acquire_many(BATCH_SIZE))
+        self.grant = self.limiter.confirm(self.reserved.popleft())
+
+    def release(self) -> None:
+        self.sent.append(self.grant)
+
+    def close(self) -> None:
+        self._release_sent()
+        super().close()
+
+    def _release_sent(self) -> None:
+        if self.sent:
+            self.limiter.release_many(self.sent)
+            self.sent = []
 
 
 # -- Celery rate_limit --------------------------------------------------------------------
@@ -222,6 +269,20 @@ CONTENDERS: tuple[Contender, ...] = (
         "reserves a slot, sleeps the exact wait Redis returns, then confirms the slot",
         lambda url, prefix, rate, high: OursGate(url, prefix),
         _prepare_ours,
+    ),
+    Contender(
+        "ours-batch",
+        f"ours: ratejobs Limiter, acquire_many (batches of {BATCH_SIZE}, GCRA burst 1)",
+        True,
+        f"acquire_many({BATCH_SIZE}) for a batch of reserved slots (one round trip), confirm() "
+        "right before each grant counts as sent (sleeps until its slot, then one round trip "
+        "that re-checks block and rate; none for a slot already due when reserved), "
+        "release_many() of the batch before the next; the acquire latency is one grant's share: "
+        f"confirm, plus the batch call for the first of each batch; burst {BATCH_SIZE} in the "
+        "unlimited run, so a whole batch conforms at once (at burst 1 and 1,000,000/s its slots "
+        "lie 1 µs apart and each would be confirmed)",
+        lambda url, prefix, rate, high: OursBatchGate(url, prefix),
+        _prepare_ours_batch,
     ),
     Contender(
         "celery",

@@ -128,7 +128,7 @@ def run_processes(
     contender: Contender, settings: Settings, prefix: str, rate: int, high: bool
 ) -> Run:
     if contender.prepare is not None:
-        contender.prepare(settings.url, prefix, rate)
+        contender.prepare(settings.url, prefix, rate, high)
     _warm_up(contender, settings.url, f"{prefix}:warmup", rate, high)
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(settings.processes)
@@ -159,7 +159,7 @@ def _warm_up(contender: Contender, url: str, prefix: str, rate: int, high: bool)
     """One grant on a throwaway key, so each library's Lua scripts are in Redis's cache before
     the workers start, as they are in any long-running deployment."""
     if contender.prepare is not None:
-        contender.prepare(url, prefix, rate)
+        contender.prepare(url, prefix, rate, high)
     gate = contender.build(url, prefix, rate, high)
     try:
         result = gate.acquire()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ratejobs.limiter.aio import AsyncLimiter
 from ratejobs.limiter.config import LimiterConfig
-from ratejobs.limiter.core import Feedback, Grant, LimiterCounts, LimiterState
+from ratejobs.limiter.core import Feedback, Grant, GrantBatch, LimiterCounts, LimiterState
 from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
@@ -17,6 +17,7 @@ __all__ = [
     "AsyncLimiter",
     "Feedback",
     "Grant",
+    "GrantBatch",
     "Limiter",
     "LimiterConfig",
     "LimiterCounts",

@@ -4,7 +4,7 @@ as the sync limiter, so both kinds of caller share one bucket."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -16,6 +16,7 @@ from ratejobs.limiter.core import (
     Delete,
     Feedback,
     Grant,
+    GrantBatch,
     LimiterBase,
     LimiterState,
     RunScript,
@@ -53,6 +54,29 @@ class AsyncLimiter(LimiterBase):
     async def release(self, grant: Grant) -> bool:
         return await self._run(self._release_steps(grant.lease_id))
 
+    async def acquire_many(
+        self,
+        count: int,
+        *,
+        max_wait: float | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        weight: int = 1,
+    ) -> GrantBatch:
+        return await self._run(self._acquire_many_steps(count, weight, max_wait, lease_seconds))
+
+    async def confirm(self, grant: Grant, *, max_wait: float | None = None) -> Grant:
+        try:
+            return await self._run(self._confirm_steps(grant, max_wait))
+        except (WaitTooLong, LimiterUnavailable, ValueError):
+            raise
+        except BaseException:
+            # Interrupted while holding the reservation: give its lease back now.
+            await self._release_quietly(grant.lease_id)
+            raise
+
+    async def release_many(self, grants: Iterable[Grant]) -> int:
+        return await self._run(self._release_many_steps(grants))
+
     @asynccontextmanager
     async def slot(
         self,
@@ -83,6 +107,14 @@ class AsyncLimiter(LimiterBase):
         default_block: float = DEFAULT_THROTTLE_BLOCK_SECONDS,
     ) -> Feedback | None:
         return await self._run(self._observe_steps(grant, status_code, headers, default_block))
+
+    async def observe_many(
+        self,
+        responses: Sequence[tuple[Grant | None, int, Mapping[str, str]]],
+        *,
+        default_block: float = DEFAULT_THROTTLE_BLOCK_SECONDS,
+    ) -> list[Feedback | None]:
+        return await self._run(self._observe_many_steps(responses, default_block))
 
     async def state(self) -> LimiterState:
         return await self._run(self._state_steps())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +36,10 @@ MAX_CAPACITY_WAIT_SECONDS = 0.5
 # 429s that carry no Retry-After still stop everyone briefly, so the other workers do not pile
 # more requests onto an API that is already refusing them.
 DEFAULT_THROTTLE_BLOCK_SECONDS = 1.0
+# acquire_many's largest batch: acquire_many.lua returns every slot in one reply and runs while
+# all of Redis waits, so a batch stays far below Lua's unpack limit (~8,000) and takes well under
+# a millisecond; a worker runs tens of calls at once, not thousands.
+MAX_BATCH = 1000
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
@@ -44,15 +48,41 @@ GRANTED, WAIT, TOO_LONG, AT_CAPACITY, NOT_CONFIGURED = 0, 1, 2, 3, 4
 
 @dataclass(frozen=True)
 class Grant:
-    """Permission to send one request now. Release it when the request has finished."""
+    """Permission to send one request now. Release it when the request has finished.
+
+    acquire_many also hands out grants for slots still in the future (ready False): pass such a
+    grant to confirm() right before sending; it sleeps until the slot and checks the block and
+    the rate again.
+    """
 
     lease_id: str
     weight: int
     slot_us: int  # the slot granted, on Redis's clock
-    granted_us: int  # Redis's clock when the grant was confirmed (>= slot_us)
+    granted_us: int  # Redis's clock when the grant was confirmed (>= slot_us when ready)
     generation: int  # report a throttle with it, so one burst of 429s counts once
     waited: float  # seconds the caller spent waiting for it
     requeued: int = 0  # reservations made again (a block, a rate cut, a holder a slot late)
+    ready: bool = True  # False: a reserved future slot that confirm() must turn into a grant
+    due: float = 0.0  # time.monotonic() at which a reserved slot comes (reply time + its wait)
+    lease_seconds: float = DEFAULT_LEASE_SECONDS  # what confirm() renews the lease with
+
+
+@dataclass(frozen=True)
+class GrantBatch:
+    """What acquire_many got: up to `requested` grants in slot order, some perhaps still to be
+    confirmed (Grant.ready). Fewer than requested when max_wait or the in-flight cap stopped
+    it; then retry_after says how long until asking again could get more."""
+
+    grants: tuple[Grant, ...]
+    requested: int
+    retry_after: float  # seconds; 0 when every requested slot was reserved
+    now_us: int  # Redis's clock when the slots were reserved
+
+    def __len__(self) -> int:
+        return len(self.grants)
+
+    def __iter__(self) -> Iterator[Grant]:
+        return iter(self.grants)
 
 
 @dataclass(frozen=True)
@@ -163,6 +193,13 @@ def new_lease_id() -> str:
     return uuid.uuid4().hex
 
 
+def _wait_left_us(max_wait: float | None, started: float) -> int:
+    """What is left of max_wait seconds since `started` (monotonic), in µs; -1 for no limit."""
+    if max_wait is None:
+        return -1
+    return max(0, int((max_wait - (time.monotonic() - started)) * MICROS))
+
+
 class LimiterBase:
     """Keys and operations; subclasses perform the steps synchronously or with asyncio."""
 
@@ -213,21 +250,29 @@ class LimiterBase:
             )
         yield from self._configure_steps(self.config)
 
-    def _acquire_steps(
-        self, lease_id: str, weight: int, max_wait: float | None, lease_seconds: float
-    ) -> Steps:
-        if not isinstance(weight, int) or weight < 1:
+    def _check_weight(self, weight: int) -> None:
+        if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
             raise ValueError("weight must be a whole number >= 1")
         if self.config is not None and weight > self.config.burst:
             raise ValueError(f"weight {weight} exceeds burst {self.config.burst}")
-        started = time.monotonic()
-        held_slot = held_generation = -1
+
+    def _acquire_steps(
+        self,
+        lease_id: str,
+        weight: int,
+        max_wait: float | None,
+        lease_seconds: float,
+        *,
+        held_slot: int = -1,
+        held_generation: int = -1,
+        waited_before: float = 0.0,
+    ) -> Steps:
+        """Reserve and confirm a slot; or, given held_slot and held_generation (a reservation
+        made by acquire_many), only confirm that one, queueing again if it went stale."""
+        self._check_weight(weight)
+        started = time.monotonic()  # max_wait counts from here
         requeued = 0
         while True:
-            if max_wait is None:
-                max_wait_us = -1
-            else:
-                max_wait_us = max(0, int((max_wait - (time.monotonic() - started)) * MICROS))
             reply = yield RunScript(
                 "acquire",
                 self.keys,
@@ -235,7 +280,7 @@ class LimiterBase:
                     weight,
                     lease_id,
                     int(lease_seconds * MICROS),
-                    max_wait_us,
+                    _wait_left_us(max_wait, started),
                     held_slot,
                     held_generation,
                 ],
@@ -250,8 +295,9 @@ class LimiterBase:
                     slot_us=slot_us,
                     granted_us=now_us,
                     generation=generation,
-                    waited=time.monotonic() - started,
+                    waited=waited_before + time.monotonic() - started,
                     requeued=requeued,
+                    lease_seconds=lease_seconds,
                 )
             if code == WAIT:
                 held_slot, held_generation = slot_us, generation
@@ -269,11 +315,95 @@ class LimiterBase:
             else:
                 raise LimiterError(f"unexpected reply from acquire.lua: {reply!r}")
 
+    def _acquire_many_steps(
+        self, count: int, weight: int, max_wait: float | None, lease_seconds: float
+    ) -> Steps:
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_BATCH:
+            raise ValueError(f"count must be a whole number from 1 to {MAX_BATCH}")
+        self._check_weight(weight)
+        prefix = new_lease_id()
+        started = time.monotonic()
+        while True:
+            reply = yield RunScript(
+                "acquire_many",
+                self.keys,
+                [
+                    weight,
+                    count,
+                    prefix,
+                    int(lease_seconds * MICROS),
+                    _wait_left_us(max_wait, started),
+                ],
+            )
+            received = time.monotonic()
+            code, hint_us, generation, now_us = (int(x) for x in reply[:4])
+            slots = [int(x) for x in reply[4:]]
+            if code == NOT_CONFIGURED:
+                yield from self._configure_from_own()
+                continue
+            if code not in (GRANTED, TOO_LONG, AT_CAPACITY):
+                raise LimiterError(f"unexpected reply from acquire_many.lua: {reply[:4]!r}")
+            if code == AT_CAPACITY and not slots:
+                # Nothing fits yet: wait for a release, as acquire does, within max_wait.
+                left = None if max_wait is None else max_wait - (received - started)
+                if left is None or left > 0:
+                    wait = min(max(hint_us, 1_000) / MICROS, MAX_CAPACITY_WAIT_SECONDS)
+                    yield AwaitRelease(self.released_key, wait if left is None else min(wait, left))
+                    continue
+            waited = received - started
+            grants = tuple(
+                Grant(
+                    lease_id=f"{prefix}:{i}",
+                    weight=weight,
+                    slot_us=slot,
+                    granted_us=now_us,
+                    generation=generation,
+                    waited=waited,
+                    ready=slot <= now_us,
+                    due=received + (slot - now_us) / MICROS,
+                    lease_seconds=lease_seconds,
+                )
+                for i, slot in enumerate(slots, start=1)
+            )
+            retry_after = max(hint_us, 0) / MICROS if code != GRANTED else 0.0
+            return GrantBatch(grants, requested=count, retry_after=retry_after, now_us=now_us)
+
+    def _confirm_steps(self, grant: Grant, max_wait: float | None) -> Steps:
+        if grant.ready:
+            return grant
+        delay = grant.due - time.monotonic()
+        if delay > 0:
+            # Wake at least every MAX_SLEEP_SECONDS, as acquire does; acquire.lua says how much
+            # of the wait is left.
+            yield Sleep(min(delay, MAX_SLEEP_SECONDS))
+        # When acquire_many's answer arrived, on this process's monotonic clock.
+        answered = grant.due - (grant.slot_us - grant.granted_us) / MICROS
+        return (
+            yield from self._acquire_steps(
+                grant.lease_id,
+                grant.weight,
+                max_wait,
+                grant.lease_seconds,
+                held_slot=grant.slot_us,
+                held_generation=grant.generation,
+                waited_before=grant.waited + max(0.0, time.monotonic() - answered),
+            )
+        )
+
     def _release_steps(self, lease_id: str) -> Steps:
         reply = yield RunScript(
             "release", [self.config_key, self.leases_key, self.released_key], [lease_id]
         )
         return bool(int(reply[0]))
+
+    def _release_many_steps(self, grants: Iterable[Grant]) -> Steps:
+        lease_ids = [grant.lease_id for grant in grants]
+        if not lease_ids:
+            return 0
+        reply = yield RunScript(
+            "release", [self.config_key, self.leases_key, self.released_key], lease_ids
+        )
+        return int(reply[0])
 
     def _feedback_steps(self, generation: int, block_seconds: float, throttled: bool) -> Steps:
         args = [generation, max(0, int(block_seconds * MICROS)), 1 if throttled else 0]
@@ -306,6 +436,44 @@ class LimiterBase:
             return None
         generation = grant.generation if grant is not None else -1
         return (yield from self._feedback_steps(generation, delay or 0.0, throttled))
+
+    def _observe_many_steps(
+        self,
+        responses: Sequence[tuple[Grant | None, int, Mapping[str, str]]],
+        default_block: float,
+    ) -> Steps:
+        now = time.time()
+        signalling: list[int] = []  # indexes of the responses that say something
+        args: list[int] = []
+        for index, (grant, status_code, headers) in enumerate(responses):
+            delay = throttle_delay(status_code, headers, now=now)
+            throttled = status_code == 429
+            if throttled and delay is None:
+                delay = default_block
+            if not throttled and not delay:
+                continue
+            generation = grant.generation if grant is not None else -1
+            signalling.append(index)
+            args += [generation, max(0, int((delay or 0.0) * MICROS)), 1 if throttled else 0]
+        results: list[Feedback | None] = [None] * len(responses)
+        if not signalling:
+            return results
+        while True:
+            reply = yield RunScript("feedback_many", [self.config_key, self.state_key], args)
+            if int(reply[0]) != NOT_CONFIGURED:
+                break
+            yield from self._configure_from_own()
+        now_us = int(reply[1])
+        for index, item in zip(signalling, reply[2:], strict=True):
+            results[index] = Feedback(
+                accepted=bool(int(item[0])),
+                generation=int(item[1]),
+                blocked_until_us=int(item[2]),
+                now_us=now_us,
+                rate_before=float(item[3]),
+                rate_after=float(item[4]),
+            )
+        return results
 
     def _reset_steps(self) -> Steps:
         """Forget the live state (pace, block, leases, adaptive rate); keep the configuration."""

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from importlib import resources
 
-SCRIPT_NAMES = ("acquire", "release", "feedback", "configure", "state")
+SCRIPT_NAMES = (
+    "acquire",
+    "acquire_many",
+    "release",
+    "feedback",
+    "feedback_many",
+    "configure",
+    "state",
+)
 
 
 def _read(name: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
@@ -15,6 +15,7 @@ from ratejobs.limiter.core import (
     Delete,
     Feedback,
     Grant,
+    GrantBatch,
     LimiterBase,
     LimiterState,
     RunScript,
@@ -60,6 +61,43 @@ class Limiter(LimiterBase):
     def release(self, grant: Grant) -> bool:
         return self._run(self._release_steps(grant.lease_id))
 
+    def acquire_many(
+        self,
+        count: int,
+        *,
+        max_wait: float | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        weight: int = 1,
+    ) -> GrantBatch:
+        """Reserve up to `count` consecutive slots, each with its own lease, in one round trip.
+
+        Only slots within max_wait seconds are reserved and only as many as the in-flight cap
+        allows: fewer than asked (perhaps none, with retry_after) rather than a longer wait.
+        When nothing fits under the cap it waits for a release, as acquire does, up to
+        max_wait. Grants whose slot has not come yet (not ready) go through confirm() right
+        before their request is sent; release them all with release_many().
+        """
+        return self._run(self._acquire_many_steps(count, weight, max_wait, lease_seconds))
+
+    def confirm(self, grant: Grant, *, max_wait: float | None = None) -> Grant:
+        """Sleep until a reserved grant's slot, then confirm it in Redis as acquire does: a
+        block, a rate cut or new limits since the reservation put it back in the queue (under
+        the same lease), and max_wait bounds that extra wait (WaitTooLong frees the lease).
+        A ready grant comes back at once, with no round trip.
+        """
+        try:
+            return self._run(self._confirm_steps(grant, max_wait))
+        except (WaitTooLong, LimiterUnavailable, ValueError):
+            raise
+        except BaseException:
+            # Interrupted while holding the reservation: give its lease back now.
+            self._release_quietly(grant.lease_id)
+            raise
+
+    def release_many(self, grants: Iterable[Grant]) -> int:
+        """Give back several leases in one round trip; returns how many were still held."""
+        return self._run(self._release_many_steps(grants))
+
     @contextmanager
     def slot(
         self,
@@ -93,6 +131,18 @@ class Limiter(LimiterBase):
     ) -> Feedback | None:
         """Feed a response's status and rate-limit headers back; None when they say nothing."""
         return self._run(self._observe_steps(grant, status_code, headers, default_block))
+
+    def observe_many(
+        self,
+        responses: Sequence[tuple[Grant | None, int, Mapping[str, str]]],
+        *,
+        default_block: float = DEFAULT_THROTTLE_BLOCK_SECONDS,
+    ) -> list[Feedback | None]:
+        """observe() for several (grant, status code, headers) at once, in one round trip (none
+        when no response says anything); one Feedback or None per response, in order. The 429s
+        of one burst still cut the adaptive rate once, as they do one at a time.
+        """
+        return self._run(self._observe_many_steps(responses, default_block))
 
     def state(self) -> LimiterState:
         return self._run(self._state_steps())

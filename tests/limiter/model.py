@@ -111,8 +111,29 @@ class ReferenceLimiter:
         self.leases[lease] = slot + ttl
         return WAIT, wait, slot, self.generation
 
+    def acquire_many(
+        self, now: int, weight: int, count: int, prefix: str, ttl: int, max_wait: int
+    ) -> tuple[int, int, int, list[int]]:
+        """Returns (code, hint, generation, slots) as acquire_many.lua does: the answers of
+        `count` fresh acquires at the same instant, stopping at the first that is not a grant
+        or a reservation."""
+        if self.config is None:
+            return NOT_CONFIGURED, 0, 0, []
+        slots: list[int] = []
+        for i in range(1, count + 1):
+            code, wait, slot, generation = self.acquire(
+                now, weight, f"{prefix}:{i}", ttl, max_wait, -1, -1
+            )
+            if code not in (GRANTED, WAIT):
+                return code, wait, generation, slots
+            slots.append(slot)
+        return GRANTED, 0, self.generation, slots
+
     def release(self, lease: str) -> bool:
         return self.leases.pop(lease, None) is not None
+
+    def release_many(self, leases: list[str]) -> int:
+        return sum(self.release(lease) for lease in leases)
 
     def feedback(
         self, now: int, generation: int, block: int, throttled: bool

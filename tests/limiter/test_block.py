@@ -5,8 +5,10 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from ratejobs.limiter import LimiterConfig
-from tests.limiter.workers import take_grants_until
+from tests.limiter.workers import take_batches_until, take_grants_until
 
 PROCESSES = 8
 
@@ -28,14 +30,18 @@ def test_block_stops_a_caller_already_holding_a_future_slot(make_limiter, redis_
     assert holder["grant"].slot_us >= block.blocked_until_us
 
 
-def test_block_stops_every_process_until_it_ends(make_limiter, redis_url, spawn):
-    # given 8 processes pacing at 50/s, so most of them hold a reserved future slot
+@pytest.mark.parametrize(
+    "taker",
+    [take_grants_until, take_batches_until],
+    ids=["one at a time", "acquire_many batches of 8"],
+)
+def test_block_stops_every_process_until_it_ends(make_limiter, redis_url, spawn, taker):
+    # given 8 processes pacing at 50/s, so most of them hold a reserved future slot (with
+    # batches, up to 8 each)
     limiter = make_limiter(LimiterConfig(rate=50, burst=2))
     barrier, results = spawn.Barrier(PROCESSES + 1), spawn.Queue()
     procs = [
-        spawn.Process(
-            target=take_grants_until, args=(redis_url, limiter.name, 2.5, barrier, results)
-        )
+        spawn.Process(target=taker, args=(redis_url, limiter.name, 2.5, barrier, results))
         for _ in range(PROCESSES)
     ]
     for p in procs:

@@ -10,9 +10,11 @@ import pytest
 
 from ratejobs.limiter import Limiter, LimiterConfig
 from tests.limiter.conftest import worst_window_excess
-from tests.limiter.workers import take_grants
+from tests.limiter.workers import take_grants, take_grants_in_batches
 
 PROCESSES = 8
+# The least share of the rate a batch taker must reach (see the pace test's comment).
+BATCH_TAKER_FLOOR = 0.9
 
 
 def collect(results, processes: int, timeout: float = 60) -> list:
@@ -20,21 +22,27 @@ def collect(results, processes: int, timeout: float = 60) -> list:
 
 
 @pytest.mark.parametrize(
+    "taker",
+    [take_grants, take_grants_in_batches],
+    ids=["one at a time", "acquire_many batches of 8"],
+)
+@pytest.mark.parametrize(
     ("rate", "burst", "weight"),
     [(100.0, 1, 1), (200.0, 5, 1), (150.0, 4, 2)],
     ids=["100/s burst 1", "200/s burst 5", "150/s burst 4 weight 2"],
 )
 def test_grants_within_window_bound_across_processes(
-    make_limiter, redis_url, spawn, rate, burst, weight
+    make_limiter, redis_url, spawn, rate, burst, weight, taker
 ):
-    # given 8 processes taking grants as fast as the limiter lets them
+    # given 8 processes taking grants as fast as the limiter lets them (one at a time, or
+    # reserving 8 slots per call and confirming each right before it counts as sent)
     config = LimiterConfig(rate=rate, burst=burst)
     limiter = make_limiter(config)
     per_process = 30
     barrier, results = spawn.Barrier(PROCESSES), spawn.Queue()
     procs = [
         spawn.Process(
-            target=take_grants,
+            target=taker,
             args=(redis_url, limiter.name, per_process, weight, barrier, results),
         )
         for _ in range(PROCESSES)
@@ -55,8 +63,12 @@ def test_grants_within_window_bound_across_processes(
     span = (max(slots) - min(slots)) / 1e6
     achieved = (len(slots) * weight - burst) / span
     print(f"configured {rate}/s burst {burst} weight {weight}: achieved {achieved:.2f}/s")
-    # never above the rate; below it only if the 8 processes failed to keep the queue full
-    assert 0.95 * rate <= achieved <= rate * 1.0001
+    # never above the rate; below it only if the 8 processes failed to keep the queue full.
+    # A batch taker confirms its slots one after another, so one late wake-up re-queues that
+    # slot behind the whole queue and the rest of its batch goes stale meanwhile: on a loaded
+    # 2-core machine that leaves more unused slots (186-195/s of 200/s seen) than single calls.
+    floor = 0.95 if taker is take_grants else BATCH_TAKER_FLOOR
+    assert floor * rate <= achieved <= rate * 1.0001
     trips = sum(t for _, _, t in reports) / len(grants)
     print(f"round trips per grant: {trips:.2f}")
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    multiple,
+    rule,
+)
 
 from ratejobs.limiter import Limiter, LimiterConfig
 from tests.limiter.model import ModelConfig, ReferenceLimiter
@@ -103,6 +110,67 @@ def test_scripts_agree_with_reference_model(machine_limiter):
             lease, weight, slot, generation = reservation
             if weight <= self.model.config.burst:
                 self._acquire(weight, lease, -1, slot, generation)
+
+        @rule(
+            target=reservations,
+            weight=st.integers(1, 4),
+            count=st.integers(1, 5),
+            max_wait=st.sampled_from([-1, 0, 50_000, 5_000_000]),
+        )
+        def acquire_many(self, weight: int, count: int, max_wait: int):
+            weight = min(weight, self.model.config.burst)
+            self.counter += 1
+            prefix = f"batch-{self.counter}"
+            reply = self.limiter._scripts["acquire_many"](
+                keys=self.limiter.keys, args=[weight, count, prefix, LEASE_TTL_US, max_wait]
+            )
+            code, hint, generation, now = (int(x) for x in reply[:4])
+            slots = [int(x) for x in reply[4:]]
+            expected = self.model.acquire_many(now, weight, count, prefix, LEASE_TTL_US, max_wait)
+            assert (code, hint, generation, slots) == expected
+            self.generations_seen.append(generation)
+            return multiple(
+                *((f"{prefix}:{i}", weight, slot, generation) for i, slot in enumerate(slots, 1))
+            )
+
+        @rule(leases=st.lists(reservations, max_size=4))
+        def release_many(self, leases) -> None:
+            ids = [reservation[0] for reservation in leases]
+            if not ids:
+                return
+            released, _ = self.limiter._scripts["release"](
+                keys=[self.limiter.config_key, self.limiter.leases_key, self.limiter.released_key],
+                args=ids,
+            )
+            assert released == self.model.release_many(list(dict.fromkeys(ids)))
+
+        @rule(
+            signals=st.lists(
+                st.tuples(reservations, st.sampled_from([0, 1_000, 2_000_000]), st.booleans()),
+                min_size=1,
+                max_size=4,
+            )
+        )
+        def feedback_many(self, signals) -> None:
+            args = []
+            for reservation, block, throttled in signals:
+                args += [reservation[3], block, int(throttled)]
+            reply = self.limiter._scripts["feedback_many"](
+                keys=[self.limiter.config_key, self.limiter.state_key], args=args
+            )
+            assert int(reply[0]) == 0
+            now = int(reply[1])
+            for (reservation, block, throttled), item in zip(signals, reply[2:], strict=True):
+                accepted, gen, blocked_until, before, after = self.model.feedback(
+                    now, reservation[3], block, throttled
+                )
+                assert (bool(int(item[0])), int(item[1]), int(item[2])) == (
+                    accepted,
+                    gen,
+                    blocked_until,
+                )
+                assert float(item[3]) == pytest.approx(before, rel=1e-12)
+                assert float(item[4]) == pytest.approx(after, rel=1e-12)
 
         @rule(reservation=reservations)
         def release(self, reservation) -> None:

@@ -26,6 +26,32 @@ def take_grants(
     results.put((os.getpid(), grants, limiter.round_trips))
 
 
+def take_grants_in_batches(
+    redis_url: str,
+    name: str,
+    count: int,
+    weight: int,
+    barrier,
+    results,
+    hold: float = 0.0,
+    batch: int = 8,
+) -> None:
+    """take_grants through acquire_many: batches of `batch`, each grant confirmed right before
+    it counts as sent, the whole batch released in one call."""
+    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    barrier.wait()
+    grants = []
+    while len(grants) < count:
+        reserved = limiter.acquire_many(min(batch, count - len(grants)), weight=weight)
+        for grant in reserved:
+            sent = limiter.confirm(grant)
+            if hold:
+                time.sleep(hold)
+            grants.append((sent.slot_us, sent.granted_us, sent.weight, sent.generation))
+        limiter.release_many(reserved)
+    results.put((os.getpid(), grants, limiter.round_trips))
+
+
 def take_grants_until(redis_url: str, name: str, seconds: float, barrier, results) -> None:
     """Take grants for `seconds`; report (slot_us, granted_us) of each."""
     limiter = Limiter(redis.Redis.from_url(redis_url), name)
@@ -36,6 +62,23 @@ def take_grants_until(redis_url: str, name: str, seconds: float, barrier, result
         grant = limiter.acquire()
         limiter.release(grant)
         grants.append((grant.slot_us, grant.granted_us))
+    results.put((os.getpid(), grants, limiter.round_trips))
+
+
+def take_batches_until(
+    redis_url: str, name: str, seconds: float, barrier, results, batch: int = 8
+) -> None:
+    """take_grants_until through acquire_many, confirm and release_many."""
+    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    barrier.wait()
+    deadline = time.monotonic() + seconds
+    grants = []
+    while time.monotonic() < deadline:
+        reserved = limiter.acquire_many(batch)
+        for grant in reserved:
+            sent = limiter.confirm(grant)
+            grants.append((sent.slot_us, sent.granted_us))
+        limiter.release_many(reserved)
     results.put((os.getpid(), grants, limiter.round_trips))
 
 

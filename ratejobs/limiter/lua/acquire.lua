@@ -44,21 +44,11 @@ local now = now_us()
 local st = load_state(KEYS[2], now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
 
-local function grant(slot)
-  redis.call('ZADD', KEYS[3], now + ttl, lease_id)
-  store_time(KEYS[2], 'granted_tat', now, math.max(st.granted_tat, slot - now) + weight * interval)
-  count(KEYS[2], 'grants')
-  return {0, 0, slot, st.generation, now}
-end
-
--- A reservation survives until its holder confirms it unless a block now covers its slot, a
--- throttle or new config started a new generation since it was made, or the holder comes a
--- whole slot late (a paused process, a starved core): sent now, its request would land right
--- beside the next on-time one, so it queues again instead.
-if held_slot >= st.blocked_until and held_generation == st.generation
-    and now - held_slot < weight * interval then
+if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
   if now >= held_slot then
-    return grant(held_slot)
+    grant_slot(KEYS, st, now, lease_id, ttl, held_slot, weight, interval)
+    store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
+    return {0, 0, held_slot, st.generation, now}
   end
   return {1, held_slot - now, held_slot, st.generation, now}
 end
@@ -66,28 +56,20 @@ end
 local wait = next_slot_offset(cfg, st, now, weight, interval)
 local slot = now + wait
 if max_wait >= 0 and wait > max_wait then
-  if redis.call('ZREM', KEYS[3], lease_id) == 1 and cfg.max_concurrency > 0 then
-    redis.call('LPUSH', KEYS[4], '1')
-    redis.call('LTRIM', KEYS[4], 0, cfg.max_concurrency - 1)
-  end
+  wake_waiters(cfg, KEYS[4], redis.call('ZREM', KEYS[3], lease_id))
   count(KEYS[2], 'too_long')
   return {2, wait, slot, st.generation, now}
 end
 
-if not redis.call('ZSCORE', KEYS[3], lease_id) then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if cfg.max_concurrency > 0 and redis.call('ZCARD', KEYS[3]) >= cfg.max_concurrency then
-    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-    count(KEYS[2], 'at_capacity')
-    return {3, tonumber(first[2]) - now, 0, st.generation, now}
-  end
+if not redis.call('ZSCORE', KEYS[3], lease_id) and free_leases(cfg, KEYS[3], now) <= 0 then
+  count(KEYS[2], 'at_capacity')
+  return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now}
 end
 
-store_time(KEYS[2], 'tat', now, math.max(st.tat, wait) + weight * interval)
+reserve_slot(KEYS, st, now, lease_id, ttl, wait, weight, interval)
+store_time(KEYS[2], 'tat', now, st.tat)
 if wait == 0 then
-  return grant(slot)
+  store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
+  return {0, 0, slot, st.generation, now}
 end
-redis.call('ZADD', KEYS[3], slot + ttl, lease_id)
-count(KEYS[2], 'waits')
-count(KEYS[2], 'wait_us', wait)
 return {1, wait, slot, st.generation, now}

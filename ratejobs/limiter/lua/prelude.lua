@@ -101,13 +101,6 @@ local function new_generation(state_key, st, now)
   store_time(state_key, 'tat', now, st.tat)
 end
 
--- GCRA with reservation: the earliest slot at which `weight` more units conform, as an offset
--- from now. Rounded up to a whole microsecond so that a slot survives the trip to the caller
--- and back exactly.
-local function next_slot_offset(cfg, st, now, weight, interval)
-  return math.ceil(math.max(0, st.blocked_until - now, st.tat - (cfg.burst - weight) * interval))
-end
-
 -- The events counted in the state hash, in the order state.lua returns them.
 local COUNTERS = {'grants', 'waits', 'wait_us', 'too_long', 'at_capacity', 'throttles',
   'blocks', 'decreases'}
@@ -116,6 +109,115 @@ local function count(state_key, event, by)
   redis.call('HINCRBY', state_key, 'n_' .. event, by or 1)
 end
 
+-- GCRA with reservation: the earliest slot at which `weight` more units conform, as an offset
+-- from now. Rounded up to a whole microsecond so that a slot survives the trip to the caller
+-- and back exactly.
+local function next_slot_offset(cfg, st, now, weight, interval)
+  return math.ceil(math.max(0, st.blocked_until - now, st.tat - (cfg.burst - weight) * interval))
+end
+
+
 local function as_string(x)
   return string.format('%.17g', x)
+end
+
+-- The acquire scripts' steps (acquire.lua one slot at a time, acquire_many.lua several).
+-- `keys` is their KEYS: config hash, state hash, leases sorted set, released list. Schedule
+-- changes are made to `st` in memory; the script stores them once at its end (store_time).
+
+-- A reservation survives until its holder confirms it unless a block now covers its slot, a
+-- throttle or new config started a new generation since it was made, or the holder comes a
+-- whole slot late (a paused process, a starved core): sent now, its request would land right
+-- beside the next on-time one, so it queues again instead.
+local function reservation_holds(st, now, held_slot, held_generation, weight, interval)
+  return held_slot >= st.blocked_until and held_generation == st.generation
+    and now - held_slot < weight * interval
+end
+
+-- Send now at `slot` (<= now): the lease runs from now, and the granted schedule moves past it.
+local function grant_slot(keys, st, now, lease_id, ttl, slot, weight, interval)
+  redis.call('ZADD', keys[3], now + ttl, lease_id)
+  st.granted_tat = math.max(st.granted_tat, slot - now) + weight * interval
+  count(keys[2], 'grants')
+end
+
+-- Take the slot `wait` from now (next_slot_offset's answer) with its lease: granted at once when
+-- wait is 0, else held until its holder confirms it; the lease of a held slot runs from the slot.
+local function reserve_slot(keys, st, now, lease_id, ttl, wait, weight, interval)
+  st.tat = math.max(st.tat, wait) + weight * interval
+  if wait == 0 then
+    grant_slot(keys, st, now, lease_id, ttl, now, weight, interval)
+    return
+  end
+  redis.call('ZADD', keys[3], now + wait + ttl, lease_id)
+  count(keys[2], 'waits')
+  count(keys[2], 'wait_us', wait)
+end
+
+-- Drop expired leases; how many more fit under max_concurrency (math.huge without a cap).
+local function free_leases(cfg, leases_key, now)
+  redis.call('ZREMRANGEBYSCORE', leases_key, '-inf', now)
+  if cfg.max_concurrency <= 0 then
+    return math.huge
+  end
+  return cfg.max_concurrency - redis.call('ZCARD', leases_key)
+end
+
+-- µs until the first live lease expires (what a caller turned away at capacity waits at most).
+local function first_expiry_in(leases_key, now)
+  local first = redis.call('ZRANGE', leases_key, 0, 0, 'WITHSCORES')
+  return tonumber(first[2]) - now
+end
+
+-- Give back `n` freed leases' worth of wake-ups to callers waiting for capacity; the list never
+-- holds more tokens than there can be waiters worth waking (max_concurrency).
+local function wake_waiters(cfg, released_key, n)
+  if n <= 0 or cfg.max_concurrency <= 0 then
+    return
+  end
+  local tokens = {}
+  for i = 1, math.min(n, cfg.max_concurrency) do
+    tokens[i] = '1'
+  end
+  redis.call('LPUSH', released_key, unpack(tokens))
+  redis.call('LTRIM', released_key, 0, cfg.max_concurrency - 1)
+end
+
+-- What feedback.lua and feedback_many.lua do with one signal: block everyone for `block` µs
+-- and/or, for a throttle (a 429) about a grant of the current generation (or of none), start a
+-- new generation and, when adaptive, cut the rate. A throttle about an older generation's grant
+-- belongs to a burst already counted, which is how a burst of 429s cuts the rate only once.
+-- Returns accepted (1 or 0) and the rate before the signal.
+local function apply_feedback(keys, cfg, st, now, generation, block, throttled)
+  local rate_before = current_rate(cfg, st, now)
+  local accepted = 0
+  if block > 0 then
+    count(keys[2], 'blocks')
+  end
+  if throttled then
+    count(keys[2], 'throttles')
+  end
+  if block > 0 and now + block > st.blocked_until then
+    st.blocked_until = now + block
+    redis.call('HSET', keys[2], 'blocked_until', st.blocked_until)
+  end
+  if throttled and (generation < 0 or generation == st.generation) then
+    accepted = 1
+    if cfg.adaptive then
+      -- CUBIC's fast convergence: throttled below the last peak means the real limit is lower
+      -- than that peak, so the climb heads for a point between the two and flattens out sooner.
+      if st.wmax and rate_before < st.wmax then
+        st.wmax = rate_before * (1 + cfg.decrease_factor) / 2
+      else
+        st.wmax = rate_before
+      end
+      st.wstart = rate_before * cfg.decrease_factor
+      st.decreased_at = now
+      redis.call('HSET', keys[2], 'wmax', as_string(st.wmax), 'wstart', as_string(st.wstart),
+        'decreased_at', now)
+      count(keys[2], 'decreases')
+    end
+    new_generation(keys[2], st, now)
+  end
+  return accepted, rate_before
 end

@@ -1,20 +1,21 @@
 --[[
-release.lua: give back an in-flight lease once its request has finished.
+release.lua: give back in-flight leases once their requests have finished: one (release) or a
+whole batch's (release_many) in one call.
 
 KEYS[1] config hash
 KEYS[2] leases sorted set
 KEYS[3] released list, woken callers BLPOP it
-ARGV[1] lease id
+ARGV[1..n] lease ids, n >= 1
 
-Returns {released, in_flight}: released is 1 when the lease was still held, 0 when it had
-already expired or been released; in_flight counts the unexpired leases left.
+Returns {released, in_flight}: released counts the leases that were still held (a lease that
+had already expired or been released counts 0; for one lease id it is 1 or 0); in_flight counts
+the unexpired leases left. Each freed lease wakes one caller waiting for capacity.
 ]]
 
 local now = now_us()
-local released = redis.call('ZREM', KEYS[2], ARGV[1])
+local released = redis.call('ZREM', KEYS[2], unpack(ARGV))
 local cfg = load_config(KEYS[1])
-if released == 1 and cfg and cfg.max_concurrency > 0 then
-  redis.call('LPUSH', KEYS[3], '1')
-  redis.call('LTRIM', KEYS[3], 0, cfg.max_concurrency - 1)
+if cfg then
+  wake_waiters(cfg, KEYS[3], released)
 end
 return {released, redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')}

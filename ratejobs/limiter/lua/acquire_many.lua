@@ -1,0 +1,74 @@
+--[[
+acquire_many.lua: take up to `count` in-flight leases and reserve as many consecutive send
+slots in one call, for a caller that runs several requests at once. Each slot is decided
+exactly as `count` acquire.lua calls at the same instant would decide it (prelude's
+next_slot_offset and reserve_slot), so the pace, burst, block and adaptive rate bind a batch as
+they bind single calls; it stops early rather than wait past max_wait or exceed the cap.
+
+KEYS[1] config hash
+KEYS[2] state hash
+KEYS[3] leases sorted set (lease id -> expiry, µs)
+KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
+ARGV[1] weight of each request, 1 <= weight <= burst
+ARGV[2] count: slots wanted, >= 1
+ARGV[3] lease id prefix, a random token chosen by the caller; slot i's lease is
+        prefix .. ':' .. i (i from 1)
+ARGV[4] lease time-to-live in µs, from the slot, as in acquire.lua
+ARGV[5] longest acceptable wait in µs, -1 for no limit: no slot further away is reserved
+
+Returns {code, hint_us, generation, now_us, slot_1, ..., slot_n}, n <= count, slots ascending
+  code 0          all `count` slots reserved; hint_us is 0
+       2 TOO_LONG the next slot is hint_us away, more than ARGV[5]; the n before it are held
+       3 AT_CAPACITY  max_concurrency leases are out; the earliest expires in hint_us
+       4 NOT_CONFIGURED  there is no config hash; nothing changed (n = 0)
+  slot_i <= now_us: granted now (send at once); slot_i > now_us: reserved like acquire.lua's
+  WAIT: sleep until it, then confirm it with acquire.lua (ARGV[5], ARGV[6] = slot_i and
+  generation) right before sending, so a block or rate cut that came meanwhile is seen.
+Counts grants, waits, and one TOO_LONG or AT_CAPACITY answer when it stopped early.
+]]
+
+local cfg = load_config(KEYS[1])
+if not cfg then
+  return {4, 0, 0, 0}
+end
+local weight = tonumber(ARGV[1])
+if weight > cfg.burst then
+  return redis.error_reply('weight ' .. ARGV[1] .. ' exceeds burst ' .. cfg.burst)
+end
+local wanted = tonumber(ARGV[2])
+local prefix = ARGV[3]
+local ttl = tonumber(ARGV[4])
+local max_wait = tonumber(ARGV[5])
+local now = now_us()
+local st = load_state(KEYS[2], now)
+local interval = interval_us(cfg, current_rate(cfg, st, now))
+local room = free_leases(cfg, KEYS[3], now)
+
+local reply = {0, 0, st.generation, now}
+local granted = false
+-- The checks in acquire.lua's order, so slot i gets the answer the i-th of `count` acquire.lua
+-- calls would get.
+for i = 1, wanted do
+  local wait = next_slot_offset(cfg, st, now, weight, interval)
+  if max_wait >= 0 and wait > max_wait then
+    reply[1], reply[2] = 2, wait
+    count(KEYS[2], 'too_long')
+    break
+  end
+  if i > room then
+    reply[1], reply[2] = 3, first_expiry_in(KEYS[3], now)
+    count(KEYS[2], 'at_capacity')
+    break
+  end
+  reserve_slot(KEYS, st, now, prefix .. ':' .. i, ttl, wait, weight, interval)
+  granted = granted or wait == 0
+  reply[#reply + 1] = now + wait
+end
+
+if #reply > 4 then
+  store_time(KEYS[2], 'tat', now, st.tat)
+end
+if granted then
+  store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
+end
+return reply
