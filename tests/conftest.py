@@ -21,6 +21,7 @@ from ratejobs.models import Api, Job
 from ratejobs.services import apis as api_services
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
+from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
 from tests.realparts import sandbox, start_beat, start_worker  # noqa: F401 (fixtures)
 
 

@@ -18,7 +18,7 @@ from ratejobs.execution.http import (
     HttpResult,
     send,
 )
-from ratejobs.execution.outcome import Decision, DecisionKind, classify
+from ratejobs.execution.outcome import Decision, DecisionKind, classify, classify_unexpected
 from ratejobs.execution.request import HttpRequest
 from ratejobs.execution.urls import redact_url
 from ratejobs.limiter import Feedback, Limiter, LimiterError, LimiterUnavailable, WaitTooLong
@@ -131,11 +131,51 @@ def execute_call(
     Waits at most `max_wait` seconds for a limiter slot; a slot further away, or a limiter that
     cannot be reached, gives kind "wait" and nothing is sent. The response's status and headers
     go to limiter.observe(), so a 429 or a spent quota blocks every worker on this API and cuts
-    the adaptive rate once per burst. The lease is returned whatever happens. A malformed
-    request (ValueError) or LimiterNotConfigured is raised.
+    the adaptive rate once per burst. The lease is returned whatever happens. Any other error
+    (a Redis error the limiter cannot place, a request the HTTP client refuses, a time limit
+    mid-request) ends the attempt as an Outcome too, with its error (classify_unexpected).
     """
     if not (isinstance(max_wait, int | float) and max_wait >= 0):
         raise ValueError("max_wait must be a number of seconds >= 0")
+    try:
+        return _attempt(
+            request, limiter=limiter, session=session, policy=policy, attempts=attempts,
+            throttled_retries=throttled_retries, max_wait=max_wait, weight=weight, rng=rng,
+        )  # fmt: skip
+    except Exception as exc:  # every error must end as a recorded attempt, never a loop
+        decision = classify_unexpected(
+            exc,
+            attempts=attempts,
+            max_attempts=policy.max_attempts,
+            backoff_base=policy.backoff_base,
+            backoff_cap=policy.backoff_cap,
+            rng=rng,
+        )
+        logger.warning("limiter %r, %s: %s", limiter.name, redact_url(request.url), decision.error)
+        return Outcome(
+            decision=decision,
+            result=None,
+            feedback=None,
+            slot_us=None,
+            generation=None,
+            waited=0.0,
+            attempts=attempts,
+            throttled_retries=throttled_retries,
+        )
+
+
+def _attempt(
+    request: HttpRequest,
+    *,
+    limiter: Limiter,
+    session: requests.Session,
+    policy: ExecutionPolicy,
+    attempts: int,
+    throttled_retries: int,
+    max_wait: float,
+    weight: int,
+    rng: random.Random | None,
+) -> Outcome:
     started = time.monotonic()
     try:
         grant = limiter.acquire(weight, max_wait=max_wait, lease_seconds=policy.lease_seconds)

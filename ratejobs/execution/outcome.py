@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Literal
@@ -23,6 +24,8 @@ DecisionKind = Literal["succeeded", "failed", "retry", "throttled", "wait"]
 # Request Timeout: the server gave up waiting for us, so a later attempt can succeed.
 RETRYABLE_4XX = frozenset({408})
 THROTTLE_STATUS = 429
+# An unexpected error's text goes into the call's record and the logs: its first line's worth.
+MAX_UNEXPECTED_CHARS = 300
 # GitHub answers its rate limits with a 403 that carries Retry-After or a spent quota; a 403
 # with neither is a real "forbidden".
 HINTED_THROTTLE_STATUS = 403
@@ -65,10 +68,8 @@ def classify(
         return full_jitter(max(retries, 0), base=backoff_base, cap=backoff_cap, rng=rng)
 
     def retry_or_fail(reason: str, hint: float | None) -> Decision:
-        if attempts < max_attempts:
-            delay = hint if hint is not None else backoff(attempts - 1)
-            return Decision("retry", retry_after=delay, error=reason)
-        return Decision("failed", error=f"gave up after {attempts} attempts: {reason}")
+        return _retry_or_fail(reason, hint, attempts=attempts, max_attempts=max_attempts,
+                              backoff=backoff)  # fmt: skip
 
     if result.error_kind == "refused":
         # Configuration, not a network hiccup: every retry would be refused the same way, and
@@ -92,6 +93,45 @@ def classify(
     if status >= 500 or status in RETRYABLE_4XX:
         return retry_or_fail(_status_text(status), hint)
     return Decision("failed", error=_status_text(status))
+
+
+def classify_unexpected(
+    exc: Exception,
+    *,
+    attempts: int,
+    max_attempts: int,
+    backoff_base: float,
+    backoff_cap: float,
+    rng: random.Random | None = None,
+) -> Decision:
+    """An attempt that ended in an error nobody planned for: a Redis error the limiter cannot
+    place (READONLY after a failover, OOM), a time limit in the middle of a request, a bug. It
+    uses up an attempt and is retried after a backoff while attempts remain, then fails, with
+    its error: never a loop that leaves no trace. A ValueError is the HTTP client refusing the
+    request itself (an odd URL): every retry would fail the same way, so it fails at once."""
+    reason = f"unexpected {type(exc).__name__}: {str(exc)[:MAX_UNEXPECTED_CHARS]}".rstrip(": ")
+    if isinstance(exc, ValueError):
+        return Decision("failed", error=reason)
+
+    def backoff(retries: int) -> float:
+        return full_jitter(max(retries, 0), base=backoff_base, cap=backoff_cap, rng=rng)
+
+    return _retry_or_fail(reason, None, attempts=attempts, max_attempts=max_attempts,
+                          backoff=backoff)  # fmt: skip
+
+
+def _retry_or_fail(
+    reason: str,
+    hint: float | None,
+    *,
+    attempts: int,
+    max_attempts: int,
+    backoff: Callable[[int], float],
+) -> Decision:
+    if attempts < max_attempts:
+        delay = hint if hint is not None else backoff(attempts - 1)
+        return Decision("retry", retry_after=delay, error=reason)
+    return Decision("failed", error=f"gave up after {attempts} attempts: {reason}")
 
 
 def is_throttle(status: int, hint: float | None) -> bool:

@@ -63,6 +63,10 @@ def validate_base_url(base_url: str) -> str:
         raise ValueError("base_url must start with http:// or https://")
     if not parts.hostname:
         raise ValueError("base_url has no host")
+    try:  # what the connection will do with it: an empty or overlong label cannot be sent
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        raise ValueError("base_url's host is not a valid host name") from None
     if parts.username is not None or parts.password is not None:
         raise ValueError("base_url must not carry credentials; store them as the API credential")
     if parts.query or parts.fragment or base_url.endswith(("?", "#")):

@@ -166,10 +166,11 @@ def test_lease_is_returned_when_the_send_raises(make_limiter):
     limiter.release(limiter.acquire(max_wait=0))
 
 
-def test_lease_is_returned_when_the_request_is_malformed(make_limiter):
+def test_a_request_the_client_refuses_fails_at_once_and_returns_its_lease(make_limiter):
     limiter = make_limiter(LimiterConfig(rate=100, burst=5, max_concurrency=1))
-    with pytest.raises(ValueError):
-        run(get("http://:80/x"), limiter, new_session(LOOPBACK))
+    outcome = run(get("http://:80/x"), limiter, new_session(LOOPBACK))
+    assert outcome.kind == "failed" and "unexpected ValueError" in outcome.error
+    assert outcome.attempts == 1 and not outcome.sent
     assert limiter.state().in_flight == 0
 
 

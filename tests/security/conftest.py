@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
-
 
 @pytest.fixture(autouse=True)
 def _every_security_test_uses_the_test_redis(services_redis: None) -> None:
