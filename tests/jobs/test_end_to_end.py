@@ -246,7 +246,7 @@ def test_job_completes_after_redis_restarts_mid_job_with_nothing_persisted(
     try:
         server = sandbox(rate=100, burst=10, latency=0.05, headers="none")
         api = api_create(name=unique_name, base_url=server.url, rate=25, burst=2)
-        start_worker(concurrency=2, **env)
+        worker = start_worker(concurrency=2, **env)
         start_beat(**env)
         job = job_create(owner=owner, api=api, name="redis restart", calls=_calls(200))
         deadline = time.monotonic() + 60
@@ -257,8 +257,16 @@ def test_job_completes_after_redis_restarts_mid_job_with_nothing_persisted(
         redis_server.stop()
         time.sleep(1.0)
         redis_server = start_private_redis(port=port)
+        # Celery 5.7's consumer sometimes dies on this loss (AttributeError in kombu while it
+        # closes the lost connection and restores unacked messages: "Unrecoverable error");
+        # deployments restart it (compose: restart: unless-stopped), and so does this test,
+        # once: what is under test is that the database and the reconciler lose nothing.
+        time.sleep(2.0)
+        if worker.process.poll() is not None:
+            print("the worker's main process died on the broker loss; started another")
+            start_worker(concurrency=2, **env)
         # expect: the reconciler finds what was lost and the job completes, nothing lost
-        job = wait_for_job(job, timeout=180)
+        job = wait_for_job(job, timeout=100)
         statuses = Counter(Call.objects.filter(job=job).values_list("status", flat=True))
         print(f"after the restart: {dict(statuses)}; sandbox arrivals {server.stats()['arrivals']}")
         assert statuses == {"succeeded": 200}
