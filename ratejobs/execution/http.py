@@ -17,6 +17,7 @@ effect:
 from __future__ import annotations
 
 import contextlib
+import heapq
 import os
 import socket
 import sys
@@ -156,11 +157,14 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self._stopped = False
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
+        self._seconds = seconds
 
     def start(self) -> None:
-        self._timer.start()
+        _deadlines.add(time.monotonic() + self._seconds, self)
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     def watch(self, sock: socket.socket) -> None:
         try:
@@ -176,20 +180,64 @@ class _Watchdog:
         copy.close()
 
     def stop(self) -> None:
-        self._timer.cancel()
         with self._lock:
             self._stopped = True
             for sock in self._sockets:
                 sock.close()
             self._sockets.clear()
 
-    def _fire(self) -> None:
+    def fire(self) -> None:
         with self._lock:
             if self._stopped:
                 return
             self.fired = True
             for sock in self._sockets:
                 _shut(sock)
+
+
+class _Deadlines:
+    """One thread per process fires the watchdogs whose deadline has passed. A timer thread
+    per send() would cost about 0.2 ms of CPU per call to start and stop, on the hot path.
+
+    A stopped watchdog stays in the heap until its deadline (or a compaction) and is skipped
+    then; the heap is rebuilt when stopped entries make up most of it."""
+
+    # Below this many entries a rebuild saves nothing worth its cost.
+    COMPACT_ABOVE = 1024
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._heap: list[tuple[float, int, _Watchdog]] = []
+        self._added = 0
+        self._thread: threading.Thread | None = None
+
+    def add(self, deadline: float, dog: _Watchdog) -> None:
+        with self._ready:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="send deadlines",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            if len(self._heap) > self.COMPACT_ABOVE:
+                live = [entry for entry in self._heap if not entry[2].stopped]
+                if len(live) < len(self._heap) // 2:
+                    heapq.heapify(live)
+                    self._heap = live
+            self._added += 1
+            heapq.heappush(self._heap, (deadline, self._added, dog))
+            if self._heap[0][2] is dog:  # earlier than what the thread sleeps towards
+                self._ready.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._ready.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                _, _, dog = heapq.heappop(self._heap)
+            if not dog.stopped:
+                dog.fire()
+
+
+_deadlines = _Deadlines()
 
 
 def _shut(sock: socket.socket) -> None:
@@ -404,9 +452,11 @@ def session_for_process(policy: OutboundPolicy) -> requests.Session:
 
 
 def _after_fork_in_child() -> None:
-    global _session_lock
-    # A thread of the parent may have held the lock at the fork; the child starts clean.
+    global _session_lock, _deadlines
+    # A thread of the parent may have held the lock at the fork, and the deadline thread is
+    # not copied by it: the child starts clean.
     _session_lock = threading.Lock()
+    _deadlines = _Deadlines()
 
 
 if hasattr(os, "register_at_fork"):
