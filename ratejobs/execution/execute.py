@@ -152,16 +152,7 @@ def execute_call(
             rng=rng,
         )
         logger.warning("limiter %r, %s: %s", limiter.name, redact_url(request.url), decision.error)
-        return Outcome(
-            decision=decision,
-            result=None,
-            feedback=None,
-            slot_us=None,
-            generation=None,
-            waited=0.0,
-            attempts=attempts,
-            throttled_retries=throttled_retries,
-        )
+        return _without_response(decision, 0.0, attempts, throttled_retries)
 
 
 def _attempt(
@@ -186,14 +177,14 @@ def _attempt(
             error=f"next slot of limiter {limiter.name!r} is {exc.retry_after:.3f}s away, "
             f"beyond max_wait {max_wait}s; nothing sent",
         )
-        return _not_sent(decision, time.monotonic() - started, attempts, throttled_retries)
+        return _without_response(decision, time.monotonic() - started, attempts, throttled_retries)
     except LimiterUnavailable as exc:
         decision = Decision(
             "wait",
             retry_after=LIMITER_UNAVAILABLE_RETRY_SECONDS,
             error=f"limiter unavailable, nothing sent (fails closed): {exc}",
         )
-        return _not_sent(decision, time.monotonic() - started, attempts, throttled_retries)
+        return _without_response(decision, time.monotonic() - started, attempts, throttled_retries)
 
     feedback: Feedback | None = None
     limiter_error = ""
@@ -252,13 +243,17 @@ def _attempt(
         slot_us=grant.slot_us,
         generation=grant.generation,
         waited=grant.waited,
-        attempts=attempts if decision.counts_as_attempt else attempts - 1,
+        attempts=_attempts_used(decision, attempts),
         throttled_retries=throttled_retries + (decision.kind == "throttled"),
         limiter_error=limiter_error,
     )
 
 
-def _not_sent(decision: Decision, waited: float, attempts: int, throttled_retries: int) -> Outcome:
+def _without_response(
+    decision: Decision, waited: float, attempts: int, throttled_retries: int
+) -> Outcome:
+    """An attempt that ended with no response to show: nothing was sent (kind "wait"), or an
+    unexpected error ended it."""
     return Outcome(
         decision=decision,
         result=None,
@@ -266,9 +261,13 @@ def _not_sent(decision: Decision, waited: float, attempts: int, throttled_retrie
         slot_us=None,
         generation=None,
         waited=waited,
-        attempts=attempts - 1,
+        attempts=_attempts_used(decision, attempts),
         throttled_retries=throttled_retries,
     )
+
+
+def _attempts_used(decision: Decision, attempts: int) -> int:
+    return attempts if decision.counts_as_attempt else attempts - 1
 
 
 def _whole(value: object, minimum: int) -> bool:
