@@ -41,10 +41,11 @@ def redis_url() -> Iterator[str]:
     server.stop()
 
 
-@pytest.fixture(autouse=True)
-def _throttles_count_in_the_test_redis(redis_url: str, unique_name: str, settings: Any) -> None:
-    """The shared cache (job-creation throttle) is the test Redis, under a prefix of this test's
-    own, so no test sees another's counts."""
+@pytest.fixture
+def throttles_in_the_test_redis(redis_url: str, unique_name: str, settings: Any) -> None:
+    """The shared cache (the REST API's job-creation throttle) is the test Redis, under a prefix
+    of this test's own, so no test sees another's counts. Used by every test of tests/api and
+    tests/security, which create jobs through the REST API."""
     settings.CACHES = {
         "default": {
             "BACKEND": "django.core.cache.backends.redis.RedisCache",

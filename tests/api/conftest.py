@@ -13,8 +13,10 @@ from tests.api.realserver import web_server  # noqa: F401 (fixture)
 
 
 @pytest.fixture(autouse=True)
-def _every_api_test_uses_the_test_redis(services_redis: None) -> None:
-    """Every API test talks to the test Redis (see services_redis)."""
+def _every_api_test_uses_the_test_redis(
+    services_redis: None, throttles_in_the_test_redis: None
+) -> None:
+    """Every API test talks to the test Redis (see services_redis), its throttle too."""
 
 
 @pytest.fixture

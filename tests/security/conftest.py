@@ -7,5 +7,7 @@ import pytest
 
 
 @pytest.fixture(autouse=True)
-def _every_security_test_uses_the_test_redis(services_redis: None) -> None:
-    """The limiter of every API made here lives in the test Redis (see services_redis)."""
+def _every_security_test_uses_the_test_redis(
+    services_redis: None, throttles_in_the_test_redis: None
+) -> None:
+    """The limiter of every API made here, and the REST throttle, live in the test Redis."""
