@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo lint bench-limiter bench-jobs
+.PHONY: venv test demo lint bench-limiter bench-jobs bench-slow
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,3 +32,7 @@ bench-limiter: venv
 # ratejobs end to end against the sandbox with no limit, next to bare Celery (a few minutes).
 bench-jobs: venv
 	$(PY) -m bench.jobs
+
+# Slow APIs: 1 s responses at 100/s, and an in-flight cap of 10 at 2 s, next to bare Celery.
+bench-slow: venv
+	$(PY) -m bench.slow

@@ -27,7 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,11 +91,13 @@ class Row:
 class Worker:
     """`celery -A project worker` in its own process group, logging to a file."""
 
-    def __init__(self, env: dict[str, str], concurrency: int, log: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], concurrency: int, log: Path, pool: str = "prefork"
+    ) -> None:
         self.log = log
         self.process = subprocess.Popen(
             [sys.executable, "-m", "celery", "-A", "project", "worker", "-c", str(concurrency),
-             "-P", "prefork", "-I", "bench.bare_tasks", "-n", f"bench-{uuid.uuid4().hex[:8]}@%h",
+             "-P", pool, "-I", "bench.bare_tasks", "-n", f"bench-{uuid.uuid4().hex[:8]}@%h",
              "-l", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
              "-f", str(log)],
             cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -127,6 +129,17 @@ class Worker:
                 # cutime and cstime are its fields 12 to 15 (proc(5) numbers them 14 to 17).
                 fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
                 total += sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
+        return total
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the worker and its pool processes, summed (pages a fork shares
+        are counted in each: an upper bound)."""
+        total = 0
+        for pid in [self.process.pid, *child_pids(self.process.pid)]:
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
         return total
 
     def stop(self) -> None:
@@ -170,9 +183,10 @@ class Context:
 
 def run_ratejobs(ctx: Context) -> Row:
     """A job of N GETs through ratejobs, timed from job_create to the job's `finished`."""
-    from ratejobs.dispatch import dispatch_window
     from ratejobs.models import Call, Job
+    from ratejobs.selectors.apis import api_limiter_state
     from ratejobs.services.apis import api_create
+    from ratejobs.services.dispatch import dispatch_window
     from ratejobs.services.jobs import job_create
 
     api = api_create(
@@ -186,6 +200,7 @@ def run_ratejobs(ctx: Context) -> Row:
     specs = [{"method": "GET", "path": f"/bench/{i}"} for i in range(ctx.calls)]
     ctx.sandbox.reset()
     log_start, cpu_start = ctx.worker.log_size(), ctx.worker.cpu_seconds()
+    scripts_start = limiter_round_trips(ctx.redis)
     _progress(f"ratejobs: job of {ctx.calls:,} calls, {ctx.workers} worker processes")
     with PeakSampler(ctx.redis) as sampler:
         started = time.time()
@@ -198,6 +213,8 @@ def run_ratejobs(ctx: Context) -> Row:
 
         _wait(ctx, "ratejobs", progress)
     cpu = ctx.worker.cpu_seconds() - cpu_start
+    round_trips = limiter_round_trips(ctx.redis) - scripts_start
+    grants = api_limiter_state(api).counts.grants
     wall = job.finished.timestamp() - started
     calls = Call.objects.filter(job=job)
     durations = sorted(d for d in calls.values_list("duration", flat=True) if d is not None)
@@ -208,6 +225,8 @@ def run_ratejobs(ctx: Context) -> Row:
         f"job_create {submitted:.2f} s (inside the wall time)",
         f"call duration p50 {_ms(p50)} / p99 {_ms(p99)}",
         f"worker CPU {_ms(cpu / ctx.calls)} per call",
+        f"limiter round trips per grant {round_trips / max(grants, 1):.2f} "
+        f"({round_trips:,} scripts and waits for {grants:,} grants)",
         f"429s: {throttled} (job.throttled {job.throttled}, sandbox {stats['throttled']})",
         f"{job.succeeded:,} succeeded, {job.failed} failed, {job.retries} retries",
         f"dispatch window {dispatch_window(api)}",
@@ -268,6 +287,17 @@ def run_bare(ctx: Context) -> Row:
     arrivals = stats["arrivals"]
     return Row(
         "bare Celery", ctx.calls, ctx.workers, wall, sampler.peak, arrivals, "; ".join(notes)
+    )
+
+
+def limiter_round_trips(client: redis.Redis) -> int:
+    """Lua scripts run and capacity waits (BLPOP) on the Redis server so far: the limiter's
+    round trips, since neither Celery's broker nor the dispatcher runs scripts or BLPOP (the
+    broker waits with BRPOP). The server's own count, so run nothing else against it."""
+    stats = client.info("commandstats")
+    return sum(
+        stats.get(f"cmdstat_{name}", {}).get("calls", 0)
+        for name in ("evalsha", "eval", "evalsha_ro", "blpop")
     )
 
 
@@ -405,11 +435,22 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+@dataclass
+class Setup:
+    env: dict[str, str]  # for worker processes
+    tmp: Path
+    redis: redis.Redis
+    owner: Any
+    about: str  # the database, Redis, Python and machine, for the table's footnote
+
+
+@contextlib.contextmanager
+def bench_setup() -> Iterator[Setup]:
+    """Everything a bench run needs, removed at the end: a database of its own (migrated), a
+    Redis database of its own, Django set up in this process, a user owning the jobs."""
     load = os.getloadavg()[0]
     with contextlib.ExitStack() as cleanup:
-        tmp = Path(tempfile.mkdtemp(prefix="ratejobs-bench-jobs-"))
+        tmp = Path(tempfile.mkdtemp(prefix="ratejobs-bench-"))
         cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
         server = devredis.ensure(os.environ.get("REDIS_URL", devredis.DEFAULT_URL))
         cleanup.callback(server.stop)
@@ -448,26 +489,36 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.db import connection
 
         from project.celery import app
-        from ratejobs.sandbox.process import start_sandbox_process
 
         client = redis.Redis.from_url(redis_url)
         cleanup.callback(client.close)
         cleanup.callback(lambda: _progress(f"deleted {delete_keys(client)} Redis keys"))
         cleanup.callback(app.control.purge)
         app.control.purge()  # messages of an interrupted run name rows that no longer exist
-        sandbox = start_sandbox_process(no_limit=True, headers="none")
-        cleanup.callback(sandbox.stop)
-        worker = Worker(env, args.workers, tmp / "worker.log")
-        cleanup.callback(worker.stop)
         owner = get_user_model().objects.create_user(username=f"bench-{uuid.uuid4().hex[:8]}")
-        ctx = Context(args.calls, args.workers, worker, sandbox, client, owner)
-        rows = [run_ratejobs(ctx), run_bare(ctx)]
         about = (
-            f"One `celery -A project worker -c {args.workers} -P prefork` ran both, one after the "
-            'other; sandbox `no_limit=True, headers="none"` in its own process; '
             f"{_describe_database(connection)}; Redis {client.info('server')['redis_version']}; "
             f"Python {platform.python_version()}; {os.cpu_count()} cores, load average "
             f"{load:.2f} at the start."
+        )
+        yield Setup(env, tmp, client, owner, about)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with contextlib.ExitStack() as cleanup:
+        setup = cleanup.enter_context(bench_setup())
+        from ratejobs.sandbox.process import start_sandbox_process
+
+        sandbox = start_sandbox_process(no_limit=True, headers="none")
+        cleanup.callback(sandbox.stop)
+        worker = Worker(setup.env, args.workers, setup.tmp / "worker.log")
+        cleanup.callback(worker.stop)
+        ctx = Context(args.calls, args.workers, worker, sandbox, setup.redis, setup.owner)
+        rows = [run_ratejobs(ctx), run_bare(ctx)]
+        about = (
+            f"One `celery -A project worker -c {args.workers} -P prefork` ran both, one after the "
+            'other; sandbox `no_limit=True, headers="none"` in its own process; ' + setup.about
         )
     print(render(rows, about))
     return 0

@@ -162,10 +162,12 @@ class Call(models.Model):
     # Set when a broker message for this call was sent, cleared when the call goes back to
     # waiting: the dispatcher keeps the number of calls in the broker bounded with it.
     dispatched_at = models.DateTimeField(null=True, blank=True)
-    # A running call belongs to the task holding this token until running_until; after that a
-    # redelivered task may take it over (its worker died).
+    # A running call belongs to the process holding this token until running_until, or until
+    # that process stops sending heartbeats (WorkerProcess); then it may be taken over.
     claim_token = models.CharField(max_length=32, blank=True)
-    claim_owner = models.CharField(max_length=300, blank=True, help_text="host:pid of the task")
+    claim_owner = models.CharField(
+        max_length=300, blank=True, help_text="the claiming process (WorkerProcess.owner)"
+    )
     running_until = models.DateTimeField(null=True, blank=True)
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     response_headers = models.JSONField(null=True, blank=True)
@@ -195,6 +197,12 @@ class Call(models.Model):
                 fields=["job", "finished"],
                 condition=Q(finished__isnull=False),
                 name="call_job_finished",
+            ),
+            # what the sweep for dead workers looks at: running calls by their claiming process
+            models.Index(
+                fields=["claim_owner"],
+                condition=Q(status="running"),
+                name="call_running_owner",
             ),
             # what the reconciler looks for: calls in the broker or running
             models.Index(
@@ -239,3 +247,18 @@ class ThrottleEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} on {self.api_id} at {self.created:%H:%M:%S}"
+
+
+class WorkerProcess(models.Model):
+    """A process that claims calls, and when it last said it was alive. A call whose claim
+    belongs to a process not seen for RATEJOBS_WORKER_DEAD_AFTER seconds is taken back: a
+    host name and pid cannot tell (containers on one host network share a host name)."""
+
+    owner = models.CharField(max_length=100, unique=True, help_text="host:pid:random")
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    started = models.DateTimeField()
+    seen_at = models.DateTimeField(db_index=True, help_text="last heartbeat (database clock)")
+
+    def __str__(self) -> str:
+        return self.owner

@@ -1,23 +1,24 @@
 """Celery tasks: thin, each loads nothing itself and calls one service.
 
-Arguments are ids only (never secrets); call tasks carry the job id too so Flower shows which
-job a call belongs to.
+Arguments are ids only (never secrets); a message of calls carries its job's id so Flower
+shows which job it belongs to and, in its argsrepr, how many calls it carries.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from ratejobs import dispatch as dispatching
-from ratejobs.services.calls import call_execute
+from ratejobs.services import dispatch as dispatching
+from ratejobs.services import reconcile as reconciling
+from ratejobs.services.engine import calls_start
 
 
-@shared_task(name="ratejobs.execute_call", acks_late=True, reject_on_worker_lost=True)
-def execute_call(call_id: int, job_id: int) -> str:
-    return call_execute(call_id=call_id)
+@shared_task(name=dispatching.EXECUTE_CALLS_TASK, acks_late=True, reject_on_worker_lost=True)
+def execute_calls(job_id: int, call_ids: list[int]) -> int:
+    return calls_start(job_id=job_id, call_ids=call_ids)
 
 
-@shared_task(name="ratejobs.dispatch", acks_late=True)
+@shared_task(name=dispatching.DISPATCH_TASK, acks_late=True)
 def dispatch(api_id: int) -> int:
     result = dispatching.dispatch_api(api_id=api_id)
     dispatching.schedule_wakeup(api_id, result.next_due)
@@ -26,7 +27,7 @@ def dispatch(api_id: int) -> int:
 
 @shared_task(name="ratejobs.reconcile")
 def reconcile() -> dict[str, int]:
-    result = dispatching.reconcile()
+    result = reconciling.reconcile()
     return {
         "redispatched": result.redispatched,
         "recovered": result.recovered,

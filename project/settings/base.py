@@ -122,7 +122,7 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SEND_SENT_EVENT = True
 CELERY_WORKER_SEND_TASK_EVENTS = True
-# A task makes one outbound call (plus its wait for the limiter); minutes means it is stuck.
+# A task claims its calls and hands them to the process's threads; minutes means it is stuck.
 CELERY_TASK_SOFT_TIME_LIMIT = 5 * 60
 CELERY_TASK_TIME_LIMIT = CELERY_TASK_SOFT_TIME_LIMIT + 60
 # Dispatch and reconcile tasks have their own queue: behind a window of call messages in the
@@ -171,6 +171,17 @@ RATEJOBS_DISPATCH_WINDOW_MAX = env.int("RATEJOBS_DISPATCH_WINDOW_MAX", default=1
 # A call whose job is paused or cancelled while it waits is sent at most this long afterwards,
 # which keeps pause and cancel within a second.
 RATEJOBS_MAX_WORKER_WAIT = env.float("RATEJOBS_MAX_WORKER_WAIT", default=1.0)
+# Calls one worker process keeps in flight at once, on a pool of threads (a prefork process
+# holds one task at a time; its calls run on these threads while it takes the next message).
+# Enough for 64 calls/s per process at a 1 s response time; each thread costs about 100 KiB.
+RATEJOBS_CALLS_IN_FLIGHT = env.int("RATEJOBS_CALLS_IN_FLIGHT", default=64)
+# Calls per broker message at most (fewer for slow APIs: no more than one worker wait grants).
+RATEJOBS_CALLS_PER_MESSAGE = env.int("RATEJOBS_CALLS_PER_MESSAGE", default=16)
+# Every worker process writes a heartbeat this often; one not seen for RATEJOBS_WORKER_DEAD_AFTER
+# seconds is dead, and the calls it claimed are taken back (by the workers themselves, or the
+# reconciler). Above the longest pause a busy process may have (a database failover).
+RATEJOBS_WORKER_HEARTBEAT_SECONDS = env.float("RATEJOBS_WORKER_HEARTBEAT_SECONDS", default=5.0)
+RATEJOBS_WORKER_DEAD_AFTER = env.float("RATEJOBS_WORKER_DEAD_AFTER", default=30.0)
 # Seconds between reconciler runs (celery beat): re-dispatches calls whose message was lost.
 RATEJOBS_RECONCILE_INTERVAL = env.float("RATEJOBS_RECONCILE_INTERVAL", default=30.0)
 # A dispatched call not started after this long lost its broker message (Redis restart).

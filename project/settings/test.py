@@ -18,3 +18,9 @@ RATEJOBS_OUTBOUND_ALLOW = env.list(  # noqa: F405
     "RATEJOBS_OUTBOUND_ALLOW", default=["127.0.0.1/32", "::1/128"]
 )
 OutboundPolicy.from_allow_list(RATEJOBS_OUTBOUND_ALLOW)  # noqa: F405 (as base.py does)
+# A worker killed by a test is found dead in seconds, not half a minute (the environment may
+# still say otherwise).
+RATEJOBS_WORKER_HEARTBEAT_SECONDS = env.float(  # noqa: F405
+    "RATEJOBS_WORKER_HEARTBEAT_SECONDS", default=2.0
+)
+RATEJOBS_WORKER_DEAD_AFTER = env.float("RATEJOBS_WORKER_DEAD_AFTER", default=10.0)  # noqa: F405

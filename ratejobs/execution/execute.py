@@ -21,7 +21,7 @@ from ratejobs.execution.http import (
 from ratejobs.execution.outcome import Decision, DecisionKind, classify, classify_unexpected
 from ratejobs.execution.request import HttpRequest
 from ratejobs.execution.urls import redact_url
-from ratejobs.limiter import Feedback, Limiter, LimiterError, LimiterUnavailable, WaitTooLong
+from ratejobs.limiter import Feedback, Grant, Limiter, LimiterError, LimiterUnavailable, WaitTooLong
 from ratejobs.limiter.config import is_positive_number
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,9 @@ class Outcome:
     attempts: int
     throttled_retries: int
     limiter_error: str = ""  # the response could not be fed back (or the lease returned)
+    # The lease, when the caller asked to return it itself (return_lease=False); None once
+    # returned, or when nothing was granted.
+    lease: Grant | None = None
 
     @property
     def kind(self) -> OutcomeKind:
@@ -125,13 +128,16 @@ def execute_call(
     max_wait: float,
     weight: int = 1,
     rng: random.Random | None = None,
+    return_lease: bool = True,
 ) -> Outcome:
     """Run attempt number `attempts` (1-based, throttled attempts not counted) of a call.
 
     Waits at most `max_wait` seconds for a limiter slot; a slot further away, or a limiter that
     cannot be reached, gives kind "wait" and nothing is sent. The response's status and headers
     go to limiter.observe(), so a 429 or a spent quota blocks every worker on this API and cuts
-    the adaptive rate once per burst. The lease is returned whatever happens. Any other error
+    the adaptive rate once per burst. The lease is returned whatever happens, or with
+    return_lease=False handed back in Outcome.lease for the caller to return (several in one
+    round trip: only where no in-flight cap waits on it). Any other error
     (a Redis error the limiter cannot place, a request the HTTP client refuses, a time limit
     mid-request) ends the attempt as an Outcome too, with its error (classify_unexpected).
     """
@@ -141,6 +147,7 @@ def execute_call(
         return _attempt(
             request, limiter=limiter, session=session, policy=policy, attempts=attempts,
             throttled_retries=throttled_retries, max_wait=max_wait, weight=weight, rng=rng,
+            return_lease=return_lease,
         )  # fmt: skip
     except Exception as exc:  # every error must end as a recorded attempt, never a loop
         decision = classify_unexpected(
@@ -152,7 +159,7 @@ def execute_call(
             rng=rng,
         )
         logger.warning("limiter %r, %s: %s", limiter.name, redact_url(request.url), decision.error)
-        return _without_response(decision, 0.0, attempts, throttled_retries)
+        return outcome_without_response(decision, 0.0, attempts, throttled_retries)
 
 
 def _attempt(
@@ -166,28 +173,44 @@ def _attempt(
     max_wait: float,
     weight: int,
     rng: random.Random | None,
+    return_lease: bool,
 ) -> Outcome:
     started = time.monotonic()
     try:
         grant = limiter.acquire(weight, max_wait=max_wait, lease_seconds=policy.lease_seconds)
     except WaitTooLong as exc:
-        decision = Decision(
-            "wait",
-            retry_after=exc.retry_after,
-            error=f"next slot of limiter {limiter.name!r} is {exc.retry_after:.3f}s away, "
-            f"beyond max_wait {max_wait}s; nothing sent",
+        if exc.at_capacity:
+            # Due again at once: the dispatcher sends it back when a place is free (it keeps
+            # a capped API's calls in the broker within its cap), never at a lease's expiry.
+            decision = Decision(
+                "wait",
+                retry_after=0.0,
+                error=f"every in-flight place of limiter {limiter.name!r} stayed taken for "
+                f"max_wait {max_wait}s; nothing sent",
+            )
+        else:
+            decision = Decision(
+                "wait",
+                retry_after=exc.retry_after,
+                error=f"next slot of limiter {limiter.name!r} is {exc.retry_after:.3f}s away, "
+                f"beyond max_wait {max_wait}s; nothing sent",
+            )
+        return outcome_without_response(
+            decision, time.monotonic() - started, attempts, throttled_retries
         )
-        return _without_response(decision, time.monotonic() - started, attempts, throttled_retries)
     except LimiterUnavailable as exc:
         decision = Decision(
             "wait",
             retry_after=LIMITER_UNAVAILABLE_RETRY_SECONDS,
             error=f"limiter unavailable, nothing sent (fails closed): {exc}",
         )
-        return _without_response(decision, time.monotonic() - started, attempts, throttled_retries)
+        return outcome_without_response(
+            decision, time.monotonic() - started, attempts, throttled_retries
+        )
 
     feedback: Feedback | None = None
     limiter_error = ""
+    handed_back = False
     try:
         result = send(
             session,
@@ -211,12 +234,15 @@ def _attempt(
             except LimiterError as exc:
                 limiter_error = f"response not fed back to the limiter: {exc}"
                 logger.warning("%s (%s)", limiter_error, redact_url(request.url))
+        handed_back = not return_lease
     finally:
-        try:
-            limiter.release(grant)
-        except LimiterError as exc:  # the lease expires by itself after lease_seconds
-            limiter_error = limiter_error or f"lease not returned: {exc}"
-            logger.warning("limiter %r: lease not returned: %s", limiter.name, exc)
+        # after an error the lease goes back here, whatever the caller asked
+        if not handed_back:
+            try:
+                limiter.release(grant)
+            except LimiterError as exc:  # the lease expires by itself after lease_seconds
+                limiter_error = limiter_error or f"lease not returned: {exc}"
+                logger.warning("limiter %r: lease not returned: %s", limiter.name, exc)
 
     decision = classify(
         result,
@@ -246,14 +272,15 @@ def _attempt(
         attempts=_attempts_used(decision, attempts),
         throttled_retries=throttled_retries + (decision.kind == "throttled"),
         limiter_error=limiter_error,
+        lease=grant if handed_back else None,
     )
 
 
-def _without_response(
+def outcome_without_response(
     decision: Decision, waited: float, attempts: int, throttled_retries: int
 ) -> Outcome:
-    """An attempt that ended with no response to show: nothing was sent (kind "wait"), or an
-    unexpected error ended it."""
+    """An attempt that ended with no response to show: nothing was sent (kind "wait", or a
+    request that could not be built), or an unexpected error ended it."""
     return Outcome(
         decision=decision,
         result=None,

@@ -69,9 +69,10 @@ MAX_REDIRECTS = 5
 # Read size while streaming the body: small enough that the cap and the deadline are checked
 # often, big enough that a 1 MiB body takes a few dozen reads.
 CHUNK_BYTES = 64 * 1024
-# A worker process sends one call at a time, so one connection per host is all it reuses...
-POOL_MAXSIZE = 1
-# ... and keeps connections to this many hosts (a worker serves many APIs over its life).
+# Connections kept per host when the caller does not say: a worker process passes the number
+# of calls it keeps in flight, so none of its threads opens a connection only to drop it...
+POOL_MAXSIZE = 10
+# ... and it keeps connections to this many hosts (a worker serves many APIs over its life).
 POOL_HOSTS = 10
 USER_AGENT = "ratejobs/0.1 (+https://github.com/ratejobs)"
 # Error text is cut here: it ends up in the call's record and in logs.
@@ -404,7 +405,10 @@ class _PolicedAdapter(HTTPAdapter):
 
 
 def new_session(
-    policy: OutboundPolicy, *, resolver: Resolver = socket.getaddrinfo
+    policy: OutboundPolicy,
+    *,
+    resolver: Resolver = socket.getaddrinfo,
+    pool_maxsize: int = POOL_MAXSIZE,
 ) -> requests.Session:
     """A session that connects only where `policy` allows. `resolver` (socket.getaddrinfo's
     signature) is for tests that need a DNS answer of their own."""
@@ -413,7 +417,7 @@ def new_session(
     adapter = _PolicedAdapter(
         _Outbound(policy, resolver),
         pool_connections=POOL_HOSTS,
-        pool_maxsize=POOL_MAXSIZE,
+        pool_maxsize=pool_maxsize,
         max_retries=0,
     )
     session.mount("http://", adapter)
@@ -434,7 +438,9 @@ _sessions: dict[OutboundPolicy, requests.Session] = {}
 _sessions_pid: int | None = None
 
 
-def session_for_process(policy: OutboundPolicy) -> requests.Session:
+def session_for_process(
+    policy: OutboundPolicy, *, pool_maxsize: int = POOL_MAXSIZE
+) -> requests.Session:
     """This process's session for `policy`. A forked child (a Celery prefork worker) must not
     share its parent's pooled sockets, so sessions are kept by process id and made anew after
     a fork."""
@@ -447,7 +453,7 @@ def session_for_process(policy: OutboundPolicy) -> requests.Session:
             _sessions, _sessions_pid = {}, pid
         session = _sessions.get(policy)
         if session is None:
-            session = _sessions[policy] = new_session(policy)
+            session = _sessions[policy] = new_session(policy, pool_maxsize=pool_maxsize)
         return session
 
 

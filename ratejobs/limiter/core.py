@@ -307,7 +307,7 @@ class LimiterBase:
             elif code == AT_CAPACITY:
                 held_slot = held_generation = -1
                 if max_wait is not None and time.monotonic() - started >= max_wait:
-                    raise WaitTooLong(max(wait_us, 0) / MICROS)
+                    raise WaitTooLong(max(wait_us, 0) / MICROS, at_capacity=True)
                 wait = min(max(wait_us, 1_000) / MICROS, MAX_CAPACITY_WAIT_SECONDS)
                 yield AwaitRelease(self.released_key, wait)
             elif code == NOT_CONFIGURED:

@@ -18,6 +18,13 @@ class LimiterNotConfigured(LimiterError):
 class WaitTooLong(LimiterError):
     """The next slot is further away than the caller agreed to wait; nothing is held."""
 
-    def __init__(self, retry_after: float) -> None:
-        super().__init__(f"next slot in {retry_after:.3f}s, longer than the caller's max_wait")
+    def __init__(self, retry_after: float, *, at_capacity: bool = False) -> None:
+        if at_capacity:
+            message = f"every in-flight place is taken (first lease ends in {retry_after:.3f}s)"
+        else:
+            message = f"next slot in {retry_after:.3f}s, longer than the caller's max_wait"
+        super().__init__(message)
         self.retry_after = retry_after
+        # True: the pace had a slot, the in-flight cap had no place; any release makes one,
+        # so retry_after (the earliest lease's expiry) is only the latest it can take.
+        self.at_capacity = at_capacity

@@ -56,6 +56,19 @@ class SandboxProcess:
     def reset(self) -> None:
         self._call("POST", "/__reset")
 
+    def most_in_flight(self) -> int:
+        """The most requests the sandbox held open at once since its last reset: each arrival
+        is open for at least the configured latency (the lower bound when there is one)."""
+        stats = self.stats(detail=True)
+        latency = stats["config"]["latency"]
+        arrivals = sorted(entry["t"] for entry in stats["log"])
+        most = first = 0
+        for last, arrived in enumerate(arrivals):
+            while arrivals[first] <= arrived - latency:
+                first += 1
+            most = max(most, last - first + 1)
+        return most
+
     def configure(self, **changes: Any) -> dict[str, Any]:
         return self._call("POST", "/__config", changes)
 

@@ -1,79 +1,112 @@
-"""Running one call: claim it, send it through the shared limiter, record the outcome once."""
+"""Running calls: claim a batch in one statement, send each through the shared limiter (no
+database on the way), record the outcomes of many calls in one transaction.
+
+The engine (services/engine.py) runs these for a worker process, the send on its pool of
+threads; call_execute runs one call start to end in the caller's thread."""
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
 from ratejobs.credentials import CredentialError, resolve_credential
-from ratejobs.dispatch import request_dispatch
-from ratejobs.execution.execute import ExecutionPolicy, Outcome, execute_call
+from ratejobs.execution.execute import (
+    ExecutionPolicy,
+    Outcome,
+    execute_call,
+    outcome_without_response,
+)
 from ratejobs.execution.http import session_for_process
 from ratejobs.execution.outbound import policy_for
+from ratejobs.execution.outcome import Decision
 from ratejobs.execution.request import HttpRequest, build_request
+from ratejobs.limiter import LimiterError
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_limiter
-from ratejobs.services.jobs import job_complete_if_done, job_lock
+from ratejobs.services.dispatch import request_dispatch
+from ratejobs.services.jobs import job_complete_if_done
+from ratejobs.services.workers import (
+    database_now,
+    new_process_owner,
+    owner_is_dead,
+    worker_heartbeat,
+)
 
 logger = logging.getLogger(__name__)
 
-# A claimed call belongs to its task for the longest an attempt can take plus this margin;
-# after that the task is presumed dead and a redelivered message may take the call over.
+# A claimed call belongs to its process for the longest an attempt can take plus this margin
+# (or until the process stops sending heartbeats); then another may take it over.
 CLAIM_MARGIN_SECONDS = 60.0
 
 
-PROCESS_OWNER_HOST = socket.gethostname()
+@dataclass(frozen=True)
+class Claimed:
+    call: Call  # with its job and API loaded
+    token: str
 
 
-def _owner() -> str:
-    return f"{PROCESS_OWNER_HOST}:{os.getpid()}"
+@dataclass(frozen=True)
+class Finished:
+    claimed: Claimed
+    outcome: Outcome
 
 
-def _take_over_from_dead_process(call_id: int, token: str, now, hold: float) -> bool:
-    """A call left running by a process of this host that no longer exists (a pool child
-    killed with -9, whose message Celery redelivers at once) is taken over without waiting
-    for its claim to expire. Other hosts' claims can only expire."""
-    row = (
-        Call.objects.filter(pk=call_id, status=Call.Status.RUNNING, job__status__in=Job.ACTIVE)
-        .values_list("claim_token", "claim_owner")
-        .first()
+def claim_hold_seconds(api: Api) -> float:
+    return (
+        settings.RATEJOBS_MAX_WORKER_WAIT
+        + execution_policy(api).lease_seconds
+        + CLAIM_MARGIN_SECONDS
     )
-    if row is None:
-        return False
-    old_token, owner = row
-    if not claim_owner_is_dead(owner):
-        return False
-    return bool(
-        Call.objects.filter(pk=call_id, status=Call.Status.RUNNING, claim_token=old_token).update(
+
+
+def calls_claim(*, job_id: int, call_ids: Iterable[int], owner: str) -> list[Claimed]:
+    """Claim those of the job's `call_ids` that are still wanted (dispatched, due, job active,
+    not held by a live process) for `owner`, in one statement; returns them with their job and
+    API loaded."""
+    call_ids = list(call_ids)
+    api = Api.objects.filter(jobs=job_id).first()
+    if api is None or not call_ids:
+        return []
+    token = uuid.uuid4().hex
+    now = database_now()
+    # The job's status is read through a subquery, not a join: on PostgreSQL an UPDATE with a
+    # join becomes `WHERE id IN (SELECT ...)`, which after waiting on a concurrent cancel
+    # re-checks nothing and would claim a call that was just cancelled. Conditions on the
+    # call's own row are re-checked after the wait, and cancel and pause both change that row.
+    claimed = (
+        Call.objects.filter(
+            pk__in=call_ids,
+            job_id=job_id,
+            job_id__in=Job.objects.filter(status__in=Job.ACTIVE).values("pk"),
+            dispatched_at__isnull=False,
+        )
+        .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
+        .filter(
+            Q(status=Call.Status.PENDING)
+            | Q(Q(running_until__lt=now) | owner_is_dead(now), status=Call.Status.RUNNING)
+        )
+        .update(
+            status=Call.Status.RUNNING,
             claim_token=token,
-            claim_owner=_owner(),
-            running_until=now + timedelta(seconds=hold),
+            running_until=now + timedelta(seconds=claim_hold_seconds(api)),
+            claim_owner=owner,
+            started=Coalesce(F("started"), now),
         )
     )
-
-
-def claim_owner_is_dead(owner: str) -> bool:
-    """Whether `owner` (host:pid) is a process of this host that no longer exists; a process
-    of another host cannot be checked from here, so it counts as alive."""
-    host, _, pid = owner.rpartition(":")
-    if host != PROCESS_OWNER_HOST or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False  # exists, owned by someone else
-    return False
+    if not claimed:
+        return []
+    calls = Call.objects.select_related("job__api").filter(pk__in=call_ids, claim_token=token)
+    return [Claimed(call, token) for call in calls]
 
 
 def execution_policy(api: Api) -> ExecutionPolicy:
@@ -102,71 +135,154 @@ def call_request(call: Call, api: Api) -> HttpRequest:
     )
 
 
-def call_execute(*, call_id: int) -> str:
-    """Run one attempt of a call if it is still wanted; safe to run twice for one message."""
-    call = Call.objects.select_related("job__api").filter(pk=call_id).first()
-    if call is None:
-        return "missing"
+def call_attempt(claimed: Claimed) -> Outcome:
+    """One attempt of a claimed call through its API's shared limiter. Touches no database,
+    so any number of these run at once on a worker's threads."""
+    call = claimed.call
     api = call.job.api
-    policy = execution_policy(api)
-    token = uuid.uuid4().hex
-    now = timezone.now()
-    hold = settings.RATEJOBS_MAX_WORKER_WAIT + policy.lease_seconds + CLAIM_MARGIN_SECONDS
-    # The job's status is read through a subquery, not a join: on PostgreSQL an UPDATE with a
-    # join becomes `WHERE id IN (SELECT ...)`, which after waiting on a concurrent cancel
-    # re-checks nothing and would claim a call that was just cancelled. Conditions on the
-    # call's own row are re-checked after the wait, and cancel and pause both change that row.
-    claimed = (
-        Call.objects.filter(
-            pk=call_id,
-            job_id__in=Job.objects.filter(status__in=Job.ACTIVE).values("pk"),
-            dispatched_at__isnull=False,
-        )
-        .filter(Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now))
-        .filter(
-            Q(status=Call.Status.PENDING)
-            | Q(status=Call.Status.RUNNING, running_until__lt=now)  # its worker died
-        )
-        .update(
-            status=Call.Status.RUNNING,
-            claim_token=token,
-            running_until=now + timedelta(seconds=hold),
-            claim_owner=_owner(),
-            started=Coalesce(F("started"), now),
-        )
-    )
-    if not claimed and not _take_over_from_dead_process(call_id, token, now, hold):
-        return "skipped"  # final, cancelled, paused, not due, or another task has it
     try:
         request = call_request(call, api)
-    except (CredentialError, ValueError) as exc:
-        _finish_unsendable(call, token, str(exc))
-        return "failed"
-    outcome = execute_call(
+    except (CredentialError, ValueError) as exc:  # nothing can be sent: no attempt used
+        return outcome_without_response(
+            Decision("failed", error=str(exc)), 0.0, call.attempts, call.throttled_count
+        )
+    return execute_call(
         request,
         limiter=api_limiter(api),
-        session=session_for_process(policy_for(settings.RATEJOBS_OUTBOUND_ALLOW)),
-        policy=policy,
+        session=session_for_process(
+            policy_for(settings.RATEJOBS_OUTBOUND_ALLOW),
+            pool_maxsize=settings.RATEJOBS_CALLS_IN_FLIGHT,
+        ),
+        policy=execution_policy(api),
         attempts=call.attempts + 1,
         throttled_retries=call.throttled_count,
         max_wait=settings.RATEJOBS_MAX_WORKER_WAIT,
+        # Without an in-flight cap nobody waits for a lease: calls_record_outcomes returns
+        # them in bulk, one round trip per API instead of one per call.
+        return_lease=bool(api.max_concurrency),
     )
-    call_record_outcome(call=call, token=token, outcome=outcome)
+
+
+_sync_owner: tuple[int, str] | None = None
+
+
+def call_execute(*, call_id: int) -> str:
+    """Claim, run and record one call in this thread (what a worker does for each call of a
+    message, without its pool); safe to run twice for one call."""
+    global _sync_owner
+    if _sync_owner is None or _sync_owner[0] != os.getpid():
+        _sync_owner = (os.getpid(), new_process_owner())
+    owner = _sync_owner[1]
+    worker_heartbeat(owner=owner)
+    job_id = Call.objects.filter(pk=call_id).values_list("job_id", flat=True).first()
+    if job_id is None:
+        return "missing"
+    claimed = calls_claim(job_id=job_id, call_ids=[call_id], owner=owner)
+    if not claimed:
+        return "skipped"  # final, cancelled, paused, not due, or another process has it
+    outcome = call_attempt(claimed[0])
+    calls_record_outcomes([Finished(claimed[0], outcome)])
     return outcome.kind
 
 
-@transaction.atomic
-def call_record_outcome(*, call: Call, token: str, outcome: Outcome) -> bool:
-    """Write an attempt's outcome, once: only the task holding the claim may write it."""
-    now = timezone.now()
-    # Lock the job first, as job_cancel does: a cancel cannot slip between this check and the
-    # write below, so an attempt that ends in a retry never leaves a pending call behind in a
-    # cancelled job.
-    job_status = job_lock(call.job_id)
-    kind = outcome.kind
-    if kind not in ("succeeded", "failed") and job_status == Job.Status.CANCELLED:
-        kind = "cancelled"
-    final = kind in ("succeeded", "failed", "cancelled")
+def calls_record_outcomes(finished: list[Finished]) -> int:
+    """Write the outcomes of many attempts in one transaction, each once: only the holder of a
+    call's claim may write it. Returns how many were written."""
+    if not finished:
+        return 0
+    throttle_logs: list[tuple[Finished, list[str]]] = []
+    with transaction.atomic():
+        now = database_now()
+        # Lock the jobs first, in id order, as job_cancel and job_pause do: a cancel cannot
+        # slip between the check below and the writes, so an attempt that ends in a retry
+        # never leaves a pending call behind in a cancelled job.
+        job_status = dict(
+            Job.objects.select_for_update()
+            .filter(pk__in={f.claimed.call.job_id for f in finished})
+            .order_by("pk")
+            .values_list("pk", "status")
+        )
+        tokens = dict(
+            Call.objects.filter(
+                pk__in=[f.claimed.call.pk for f in finished], status=Call.Status.RUNNING
+            ).values_list("pk", "claim_token")
+        )
+        # others were presumed dead and taken over: their results count, not these
+        owned = [f for f in finished if tokens.get(f.claimed.call.pk) == f.claimed.token]
+        rows: dict[tuple[str, ...], list[dict]] = defaultdict(list)
+        counters: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        events: list[ThrottleEvent] = []
+        for item in owned:
+            call, outcome = item.claimed.call, item.outcome
+            kind = outcome.kind
+            if kind not in ("succeeded", "failed") and job_status[call.job_id] == "cancelled":
+                kind = "cancelled"
+            fields = _outcome_fields(outcome, kind, now)
+            rows[tuple(sorted(fields))].append({**fields, "id": call.pk})
+            job_counters = counters[call.job_id]
+            if kind in Call.FINAL:
+                job_counters[kind] += 1
+            if kind in ("retry", "throttled"):
+                job_counters["retries"] += 1
+            if outcome.decision.throttle:
+                job_counters["throttled"] += 1
+            kinds = _throttle_events(call, outcome, events)
+            if kinds:
+                throttle_logs.append((item, kinds))
+        for names, same_fields in rows.items():
+            _update_calls(names, same_fields)
+        for job_id, job_counters in sorted(counters.items()):
+            if job_counters:
+                Job.objects.filter(pk=job_id).update(
+                    **{name: F(name) + n for name, n in job_counters.items()}
+                )
+                job_complete_if_done(job_id=job_id)
+        ThrottleEvent.objects.bulk_create(events)
+        api_ids = {f.claimed.call.job.api_id for f in finished}
+        transaction.on_commit(lambda: [request_dispatch(api_id) for api_id in sorted(api_ids)])
+    for item, kinds in throttle_logs:
+        _log_throttle_decision(item.claimed.call, item.outcome, kinds)
+    _return_leases(finished)
+    return len(owned)
+
+
+def _update_calls(names: tuple[str, ...], rows: list[dict]) -> None:
+    """One UPDATE statement run for many rows (psycopg pipelines them in one round trip):
+    Django's bulk_update builds a CASE per field and row, which cost more CPU than the calls'
+    HTTP requests in the profile of bench-jobs."""
+    fields = [Call._meta.get_field(name) for name in names]
+    quote = connection.ops.quote_name
+    assignments = ", ".join(f"{quote(field.column)} = %s" for field in fields)
+    # names come from the model, never from input; values go as parameters
+    sql = f"UPDATE {quote(Call._meta.db_table)} SET {assignments} WHERE {quote('id')} = %s"  # noqa: S608
+    params = [
+        [field.get_db_prep_save(row[field.name], connection) for field in fields] + [row["id"]]
+        for row in rows
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, params)
+
+
+def _return_leases(finished: list[Finished]) -> None:
+    """Return the leases the attempts handed back, one round trip per API; a lease not
+    returned expires by itself."""
+    by_api: dict[int, list] = defaultdict(list)
+    apis: dict[int, Api] = {}
+    for item in finished:
+        if item.outcome.lease is not None:
+            api = item.claimed.call.job.api
+            apis[api.pk] = api
+            by_api[api.pk].append(item.outcome.lease)
+    for api_id, leases in by_api.items():
+        try:
+            api_limiter(apis[api_id]).release_many(leases)
+        except LimiterError as exc:
+            logger.warning(
+                "limiter %r: %d leases not returned: %s", apis[api_id].name, len(leases), exc
+            )
+
+
+def _outcome_fields(outcome: Outcome, kind: str, now) -> dict:
     fields: dict = {
         "claim_token": "",
         "claim_owner": "",
@@ -177,7 +293,7 @@ def call_record_outcome(*, call: Call, token: str, outcome: Outcome) -> bool:
         "error": outcome.error,
     }
     result = outcome.result
-    if result is not None:
+    if result is not None:  # a call with no response this time keeps the last one it had
         fields.update(
             status_code=result.status_code,
             response_headers=result.headers,
@@ -185,62 +301,25 @@ def call_record_outcome(*, call: Call, token: str, outcome: Outcome) -> bool:
             response_truncated=result.truncated,
             duration=result.duration,
         )
-    if final:
+    if kind in Call.FINAL:
         fields.update(status=kind, finished=now, next_attempt_at=None)
     else:
         fields.update(
             status=Call.Status.PENDING,
             next_attempt_at=now + timedelta(seconds=outcome.retry_after),
         )
-    if not Call.objects.filter(pk=call.pk, status=Call.Status.RUNNING, claim_token=token).update(
-        **fields
-    ):
-        return False  # presumed dead and taken over by another task: its result counts
-    counters: dict = {}
-    if final:
-        counters[kind] = F(kind) + 1
-    if kind in ("retry", "throttled"):
-        counters["retries"] = F("retries") + 1
-    if outcome.decision.throttle:
-        counters["throttled"] = F("throttled") + 1
-    if counters:
-        Job.objects.filter(pk=call.job_id).update(**counters)
-    _record_throttle_events(call, outcome)
-    if final:
-        job_complete_if_done(job_id=call.job_id)
-    api_id = call.job.api_id
-    transaction.on_commit(lambda: request_dispatch(api_id))
-    return True
+    return fields
 
 
-def _finish_unsendable(call: Call, token: str, error: str) -> None:
-    with transaction.atomic():
-        job_lock(call.job_id)
-        updated = Call.objects.filter(
-            pk=call.pk, status=Call.Status.RUNNING, claim_token=token
-        ).update(
-            status=Call.Status.FAILED,
-            error=error,
-            finished=timezone.now(),
-            claim_token="",
-            claim_owner="",
-            running_until=None,
-            dispatched_at=None,
-        )
-        if updated:
-            Job.objects.filter(pk=call.job_id).update(failed=F("failed") + 1)
-            job_complete_if_done(job_id=call.job_id)
-    request_dispatch(call.job.api_id)
-
-
-def _record_throttle_events(call: Call, outcome: Outcome) -> None:
+def _throttle_events(call: Call, outcome: Outcome, events: list[ThrottleEvent]) -> list[str]:
+    """Append the throttle events of one outcome to `events`; returns their kinds."""
     feedback, result = outcome.feedback, outcome.result
     if result is None or feedback is None:
-        return
+        return []
     common = {"api_id": call.job.api_id, "job_id": call.job_id, "call_id": call.pk}
-    events = []
+    added = []
     if outcome.decision.throttle:
-        events.append(
+        added.append(
             ThrottleEvent(
                 kind=ThrottleEvent.Kind.THROTTLED,
                 status_code=result.status_code,
@@ -251,7 +330,7 @@ def _record_throttle_events(call: Call, outcome: Outcome) -> None:
             )
         )
     elif feedback.blocked_for:
-        events.append(
+        added.append(
             ThrottleEvent(
                 kind=ThrottleEvent.Kind.QUOTA_EXHAUSTED,
                 status_code=result.status_code,
@@ -260,7 +339,7 @@ def _record_throttle_events(call: Call, outcome: Outcome) -> None:
             )
         )
     if feedback.rate_decreased:
-        events.append(
+        added.append(
             ThrottleEvent(
                 kind=ThrottleEvent.Kind.RATE_DECREASED,
                 rate_before=feedback.rate_before,
@@ -268,9 +347,8 @@ def _record_throttle_events(call: Call, outcome: Outcome) -> None:
                 **common,
             )
         )
-    ThrottleEvent.objects.bulk_create(events)
-    if events:
-        _log_throttle_decision(call, outcome, [str(event.kind) for event in events])
+    events.extend(added)
+    return [str(event.kind) for event in added]
 
 
 def _log_throttle_decision(call: Call, outcome: Outcome, kinds: list[str]) -> None:

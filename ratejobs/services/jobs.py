@@ -13,10 +13,10 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Min, Sum
 from django.utils import timezone
 
-from ratejobs.dispatch import request_dispatch
 from ratejobs.execution.urls import check_headers, resolve_url, validate_method
 from ratejobs.models import Api, Call, Job
 from ratejobs.permissions import can_submit_to
+from ratejobs.services.dispatch import request_dispatch
 
 CALL_FIELDS = {"method", "path", "query", "headers", "json", "body"}
 # Rows per INSERT: large enough to be fast, small enough for SQLite's variable limit.
@@ -243,14 +243,35 @@ def _store_calls(job: Job, calls: Iterable[Any], allowed: _CallsAllowed) -> int:
         batch.append(Call(job=job, index=index, **fields))
         batch_bytes += weight
         if len(batch) >= BULK_BATCH or batch_bytes >= BULK_BATCH_BYTES:
-            Call.objects.bulk_create(batch)
+            _insert_calls(batch)
             batch, batch_bytes = [], 0
     if errors:
         raise CallsInvalid(errors)
     if not total:
         raise ValidationError({"calls": "a job needs at least one call"})
-    Call.objects.bulk_create(batch)
+    _insert_calls(batch)
     return total
+
+
+def _insert_calls(calls: list[Call]) -> None:
+    """On PostgreSQL, COPY: an INSERT of 2,000 rows has 50,000 parameters, and building and
+    binding it took most of job_create's time (a 100,000-call upload took over a minute)."""
+    if connection.vendor != "postgresql" or not calls:
+        Call.objects.bulk_create(calls)
+        return
+    fields = [field for field in Call._meta.concrete_fields if not field.primary_key]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    # names come from the model, never from input; the rows go as COPY data
+    statement = f"COPY {quote(Call._meta.db_table)} ({columns}) FROM STDIN"
+    with connection.cursor() as cursor, cursor.cursor.copy(statement) as copy:
+        for call in calls:
+            copy.write_row(
+                [
+                    field.get_db_prep_save(field.pre_save(call, add=True), connection)
+                    for field in fields
+                ]
+            )
 
 
 def job_lock(job_id: int) -> str | None:

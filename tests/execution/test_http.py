@@ -369,8 +369,9 @@ def test_one_session_per_process_and_policy_made_anew_after_fork():
     same = OutboundPolicy.from_allow_list(["127.0.0.1/32", "::1/128"])
     assert session_for_process(same) is parent
     assert session_for_process(OutboundPolicy()) is not parent
+    # its pool keeps a connection per call the process has in flight (the first caller's size)
     adapter = parent.get_adapter("https://api.x.com")
-    assert adapter._pool_maxsize == 1
+    assert adapter._pool_maxsize >= 10
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: a new session, and the same one on the second call

@@ -129,14 +129,16 @@ def test_max_wait_limits_a_batch_to_the_slots_within_it(make_batch_limiter):
     # given 10/s, burst 1: slots 0, 100, 200, 300 ms ... from now
     limiter = make_batch_limiter(LimiterConfig(rate=10, burst=1))
     batch = limiter.acquire_many(5, max_wait=0.25)
+    granted = time.monotonic()
     # expect: the three slots within 250 ms, and when the fourth would come
     assert len(batch) == 3
     assert batch.retry_after == pytest.approx(0.3, abs=0.01)
     assert limiter.state().in_flight == 3
-    # and none at all when even the next slot is too far, with how long until it comes
+    # and none at all when even the next slot is too far, with how long until it comes (the
+    # same slot, nearer by the time that passed: a busy machine once took 213 ms in between)
     empty = limiter.acquire_many(4, max_wait=0.05)
     assert len(empty) == 0
-    assert empty.retry_after == pytest.approx(0.3, abs=0.01)
+    assert 0.3 - (time.monotonic() - granted) - 0.01 <= empty.retry_after <= 0.31
     assert limiter.state().in_flight == 3
     assert limiter.state().counts.too_long == 2
 

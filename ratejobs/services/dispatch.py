@@ -1,5 +1,9 @@
-"""Feeding the broker from the database: a bounded window of messages per API, shared fairly
-between that API's running jobs, and a reconciler for messages that were lost."""
+"""Feeding the broker from the database: a bounded window of calls waiting in the broker per
+API, shared fairly between that API's running jobs, sent as messages of several calls each.
+
+Messages go out by task name (celery's send_task), so this module needs nothing of the tasks
+that run them: the way reads top to bottom, job_create -> dispatch -> broker -> task ->
+services.calls -> dispatch again."""
 
 from __future__ import annotations
 
@@ -8,16 +12,17 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 import redis
+from celery import current_app
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Min, Q
-from django.utils import timezone
 
 from ratejobs.models import Api, Call, Job
 from ratejobs.services.apis import redis_client
+from ratejobs.services.workers import database_now
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +32,8 @@ DISPATCH_DEBOUNCE_SECONDS = 0.25
 # Calls waiting for a later attempt are looked at again at least this often. Countdowns stay
 # short: a Redis broker redelivers a long-delayed task after its visibility timeout.
 MAX_WAKEUP_SECONDS = 5.0
+EXECUTE_CALLS_TASK = "ratejobs.execute_calls"
+DISPATCH_TASK = "ratejobs.dispatch"
 
 
 @dataclass(frozen=True)
@@ -43,17 +50,32 @@ def dispatch_window(api: Api) -> int:
     )
 
 
+def calls_per_message(api: Api) -> int:
+    """Calls one message carries: at most RATEJOBS_CALLS_PER_MESSAGE, and no more than the
+    limiter grants in one worker wait, so one process does not take calls it must park."""
+    per_wait = math.ceil(api.rate / api.period * settings.RATEJOBS_MAX_WORKER_WAIT)
+    return max(1, min(settings.RATEJOBS_CALLS_PER_MESSAGE, per_wait))
+
+
 def dispatch_api(*, api_id: int) -> DispatchResult:
-    """Top up the API's window of broker messages with due calls of its running jobs."""
-    now = timezone.now()
+    """Top up the API's window of calls waiting in the broker with due calls of its running
+    jobs. Calls already running do not count: the limiter bounds those."""
+    now = database_now()
     with transaction.atomic():
         # Serialise the dispatchers of one API: a row lock on PostgreSQL, the write lock on
         # SQLite. Without it two could both see free room and overfill the window.
         if not Api.objects.filter(pk=api_id).update(updated=F("updated")):
             return DispatchResult(0, None)
         api = Api.objects.get(pk=api_id)
-        in_window = Call.objects.filter(job__api_id=api_id, dispatched_at__isnull=False).count()
+        in_window = Call.objects.filter(
+            job__api_id=api_id, status=Call.Status.PENDING, dispatched_at__isnull=False
+        ).count()
         free = dispatch_window(api) - in_window
+        if api.max_concurrency:
+            # As many calls waiting as running at most: each waits for a released place
+            # (woken by the release), and more would only time out and come back.
+            running = Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING).count()
+            free = min(free, 2 * api.max_concurrency - running - in_window)
         if free <= 0:  # the common case while a job runs: no job row is locked for nothing
             return DispatchResult(0, None)
         # Lock the jobs before their calls, in id order, as pause, cancel and recording an
@@ -88,7 +110,12 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
             Job.objects.filter(pk__in=list(chosen), status=Job.Status.QUEUED).update(
                 status=Job.Status.RUNNING, started=now
             )
-            messages = [(call_id, job_id) for job_id, ids in chosen.items() for call_id in ids]
+            size = calls_per_message(api)
+            messages = [
+                (job_id, ids[start : start + size])
+                for job_id, ids in chosen.items()
+                for start in range(0, len(ids), size)
+            ]
             transaction.on_commit(lambda: _send(messages))
         next_due = None
         if len(call_ids) < free:
@@ -119,14 +146,14 @@ def _share_fairly(
     return chosen
 
 
-def _send(messages: list[tuple[int, int]]) -> None:
-    from ratejobs.tasks import execute_call
-
+def _send(messages: list[tuple[int, list[int]]]) -> None:
     try:
-        for call_id, job_id in messages:
+        for job_id, call_ids in messages:
             # argsrepr is what Flower and the worker log show for the task
-            execute_call.apply_async(
-                args=[call_id, job_id], argsrepr=f"(call={call_id}, job={job_id})"
+            current_app.send_task(
+                EXECUTE_CALLS_TASK,
+                args=[job_id, call_ids],
+                argsrepr=f"(job={job_id}, calls={len(call_ids)}, first={call_ids[0]})",
             )
     except Exception:  # broker down: the reconciler re-dispatches what was marked but not sent
         logger.exception("could not send %d call messages to the broker", len(messages))
@@ -134,8 +161,6 @@ def _send(messages: list[tuple[int, int]]) -> None:
 
 def request_dispatch(api_id: int) -> None:
     """Ask for a dispatch run of the API soon; calls close together share one run."""
-    from ratejobs.tasks import dispatch
-
     try:
         first = redis_client().set(
             f"ratejobs:dispatch:{{{api_id}}}:pending",
@@ -144,7 +169,7 @@ def request_dispatch(api_id: int) -> None:
             px=int(DISPATCH_DEBOUNCE_SECONDS * 1000),
         )
         if first:
-            dispatch.apply_async(args=[api_id], countdown=DISPATCH_DEBOUNCE_SECONDS)
+            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=DISPATCH_DEBOUNCE_SECONDS)
     except (redis.RedisError, OSError):
         logger.warning("Redis unreachable: dispatch of API %s left to the reconciler", api_id)
     except Exception:  # the broker (also Redis by default) refused the message
@@ -155,73 +180,11 @@ def schedule_wakeup(api_id: int, next_due: datetime | None) -> None:
     """Dispatch again when the earliest waiting call is due (in steps of at most a few s)."""
     if next_due is None:
         return
-    from ratejobs.tasks import dispatch
-
-    delay = min(max((next_due - timezone.now()).total_seconds(), 0.05), MAX_WAKEUP_SECONDS)
+    delay = min(max((next_due - database_now()).total_seconds(), 0.05), MAX_WAKEUP_SECONDS)
     try:
         if redis_client().set(
             f"ratejobs:dispatch:{{{api_id}}}:wakeup", 1, nx=True, px=int(delay * 1000)
         ):
-            dispatch.apply_async(args=[api_id], countdown=delay)
+            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=delay)
     except Exception:
         logger.warning("could not schedule a wake-up of API %s; the reconciler will", api_id)
-
-
-@dataclass(frozen=True)
-class ReconcileResult:
-    redispatched: int  # in the broker too long: their message was lost
-    recovered: int  # running on a worker that died
-    cancelled: int  # recovered, but their job had been cancelled meanwhile
-    completed_jobs: int
-    apis: int
-
-
-def reconcile() -> ReconcileResult:
-    """Safety net run by celery beat: give calls whose broker message or worker was lost back
-    to the dispatcher, finish jobs whose calls are all final, and top up every window.
-
-    A call running on a process that died is recovered at once when that process was on this
-    host, else when its claim expires."""
-    from ratejobs.services.calls import claim_owner_is_dead
-    from ratejobs.services.jobs import job_cancel_leftovers, job_complete_if_done
-
-    now = timezone.now()
-    stale = now - timedelta(seconds=settings.RATEJOBS_STALE_DISPATCH_SECONDS)
-    redispatched = Call.objects.filter(status=Call.Status.PENDING, dispatched_at__lt=stale).update(
-        dispatched_at=None
-    )
-    orphans = Q(running_until__lt=now) | Q(
-        pk__in=[
-            pk
-            for pk, owner in Call.objects.filter(status=Call.Status.RUNNING).values_list(
-                "pk", "claim_owner"
-            )
-            if claim_owner_is_dead(owner)
-        ]
-    )
-    recovered = Call.objects.filter(orphans, status=Call.Status.RUNNING).update(
-        status=Call.Status.PENDING,
-        dispatched_at=None,
-        claim_token="",
-        claim_owner="",
-        running_until=None,
-    )
-    leftovers = job_cancel_leftovers()
-    completed = sum(
-        job_complete_if_done(job_id=job_id)
-        for job_id in Job.objects.filter(status=Job.Status.RUNNING).values_list("pk", flat=True)
-    )
-    api_ids = set(
-        Job.objects.filter(status__in=Job.ACTIVE).values_list("api_id", flat=True).distinct()
-    )
-    for api_id in api_ids:
-        schedule_wakeup(api_id, dispatch_api(api_id=api_id).next_due)
-    if redispatched or recovered or leftovers:
-        logger.info(
-            "reconciler: %d calls re-dispatched, %d recovered from dead workers, "
-            "%d left in cancelled jobs cancelled",
-            redispatched,
-            recovered,
-            leftovers,
-        )
-    return ReconcileResult(redispatched, recovered, leftovers, completed, len(api_ids))

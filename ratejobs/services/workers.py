@@ -1,0 +1,62 @@
+"""Worker processes as the database sees them: one clock for every process, and heartbeats
+that tell a live claim from one whose process died."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Q
+from django.utils import timezone
+
+from ratejobs.models import WorkerProcess
+
+
+def database_now() -> datetime:
+    """The database's time: whether a call is due, and how long a claim or a heartbeat lasts,
+    is judged on this one clock, never on each worker's own (which may be minutes off)."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT clock_timestamp()")
+            return cursor.fetchone()[0]
+    # SQLite is a file on this machine: its clock is this machine's.
+    return timezone.now()
+
+
+def new_process_owner() -> str:
+    """A name for this process's claims that no other process has had or will have: host and
+    pid help a reader find it, the random part tells apart containers sharing both."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def worker_heartbeat(*, owner: str) -> None:
+    now = database_now()
+    host, pid, _ = owner.rsplit(":", 2)
+    WorkerProcess.objects.bulk_create(  # one upsert
+        [WorkerProcess(owner=owner, host=host, pid=int(pid), started=now, seen_at=now)],
+        update_conflicts=True,
+        unique_fields=["owner"],
+        update_fields=["seen_at"],
+    )
+
+
+def worker_forget(*, owner: str) -> None:
+    WorkerProcess.objects.filter(owner=owner).delete()
+
+
+def owner_is_dead(now: datetime) -> Q:
+    """Calls whose claiming process sent no heartbeat for RATEJOBS_WORKER_DEAD_AFTER seconds
+    (or never had one: a row from before heartbeats, or a process forgotten at its exit)."""
+    alive = WorkerProcess.objects.filter(
+        seen_at__gte=now - timedelta(seconds=settings.RATEJOBS_WORKER_DEAD_AFTER)
+    ).values("owner")
+    return ~Q(claim_owner__in=alive)
+
+
+def workers_forget_long_gone(now: datetime) -> int:
+    """Drop heartbeats of processes gone for a day: nothing can still hold their claims."""
+    return WorkerProcess.objects.filter(seen_at__lt=now - timedelta(days=1)).delete()[0]
