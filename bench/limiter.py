@@ -27,6 +27,7 @@ from bench import worker
 from bench.contenders import API_BURST, CONTENDERS, Contender
 from bench.worker import Failure, Job, Report
 from ratejobs import devredis
+from ratejobs.sandbox.process import worst_window
 
 # A modest fleet of Celery workers calling one API; more than the 2 cores, as in production.
 DEFAULT_PROCESSES = 8
@@ -108,16 +109,6 @@ class Row:
 
 class BenchError(RuntimeError):
     pass
-
-
-def worst_window(sorted_times: Sequence[float], width: float) -> int:
-    """Most timestamps in any half-open window [t, t + width)."""
-    best = lo = 0
-    for hi, t in enumerate(sorted_times):
-        while sorted_times[lo] <= t - width:
-            lo += 1
-        best = max(best, hi - lo + 1)
-    return best
 
 
 def bound(rate: int, width: float) -> int:

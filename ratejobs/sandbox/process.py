@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -60,14 +61,8 @@ class SandboxProcess:
         """The most requests the sandbox held open at once since its last reset: each arrival
         is open for at least the configured latency (the lower bound when there is one)."""
         stats = self.stats(detail=True)
-        latency = stats["config"]["latency"]
         arrivals = sorted(entry["t"] for entry in stats["log"])
-        most = first = 0
-        for last, arrived in enumerate(arrivals):
-            while arrivals[first] <= arrived - latency:
-                first += 1
-            most = max(most, last - first + 1)
-        return most
+        return worst_window(arrivals, stats["config"]["latency"])
 
     def configure(self, **changes: Any) -> dict[str, Any]:
         return self._call("POST", "/__config", changes)
@@ -146,3 +141,13 @@ def _end(process: subprocess.Popen[bytes]) -> None:
     for pipe in (process.stdin, process.stdout):
         if pipe is not None:
             pipe.close()
+
+
+def worst_window(sorted_times: Sequence[float], width: float) -> int:
+    """Most timestamps in any half-open window [t, t + width)."""
+    best = lo = 0
+    for hi, t in enumerate(sorted_times):
+        while sorted_times[lo] <= t - width:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best
