@@ -84,11 +84,18 @@ class Engine:
         while remaining:
             places = self.pool.reserve(len(remaining))
             batch, remaining = remaining[:places], remaining[places:]
-            claimed = calls_claim(job_id=job_id, call_ids=batch, owner=self.owner)
-            self.pool.unreserve(places - len(claimed))
-            for item in claimed:
-                self.pool.run(lambda item=item: self._attempt(item))
-            started += claimed
+            handed = 0
+            try:
+                claimed = calls_claim(job_id=job_id, call_ids=batch, owner=self.owner)
+                for item in claimed:
+                    self.pool.run(lambda item=item: self._attempt(item))
+                    handed += 1
+                started += claimed
+            finally:
+                # Also when the task is cut short (Celery terminates a task it cannot
+                # acknowledge after losing the broker): a place left reserved would hold a
+                # stopping process for ENGINE_STOP_SECONDS, waiting for a call that never runs.
+                self.pool.unreserve(places - handed)
         return started
 
     def stop(self, timeout: float) -> bool:
