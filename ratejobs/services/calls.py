@@ -16,7 +16,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from ratejobs.credentials import CredentialError, resolve_credential
@@ -79,11 +79,12 @@ def calls_claim(*, job_id: int, call_ids: Iterable[int], owner: str) -> list[Cla
         return []
     token = uuid.uuid4().hex
     now = database_now()
+    # The claimable rows are locked in id order, skipping those another transaction holds
+    # (a pause or a cancel changing them, another claim): the claim never waits on a row, so
+    # it can never be part of a deadlock, and a call being cancelled is left to the cancel.
     # The job's status is read through a subquery, not a join: on PostgreSQL an UPDATE with a
-    # join becomes `WHERE id IN (SELECT ...)`, which after waiting on a concurrent cancel
-    # re-checks nothing and would claim a call that was just cancelled. Conditions on the
-    # call's own row are re-checked after the wait, and cancel and pause both change that row.
-    claimed = (
+    # join becomes `WHERE id IN (SELECT ...)`, which re-checks nothing of the join.
+    claimable = (
         Call.objects.filter(
             pk__in=call_ids,
             job_id=job_id,
@@ -95,14 +96,18 @@ def calls_claim(*, job_id: int, call_ids: Iterable[int], owner: str) -> list[Cla
             Q(status=Call.Status.PENDING)
             | Q(Q(running_until__lt=now) | owner_is_dead(now), status=Call.Status.RUNNING)
         )
-        .update(
+        .order_by("pk")
+        .select_for_update(skip_locked=True)
+        .values("pk")
+    )
+    with transaction.atomic():
+        claimed = Call.objects.filter(pk__in=Subquery(claimable)).update(
             status=Call.Status.RUNNING,
             claim_token=token,
             running_until=now + timedelta(seconds=claim_hold_seconds(api)),
             claim_owner=owner,
             started=Coalesce(F("started"), now),
         )
-    )
     if not claimed:
         return []
     calls = Call.objects.select_related("job__api").filter(pk__in=call_ids, claim_token=token)
