@@ -7,7 +7,6 @@ threads; call_execute runs one call start to end in the caller's thread."""
 from __future__ import annotations
 
 import logging
-import os
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
@@ -37,8 +36,8 @@ from ratejobs.services.dispatch import request_dispatch
 from ratejobs.services.jobs import job_complete_if_done
 from ratejobs.services.workers import (
     database_now,
-    new_process_owner,
     owner_is_dead,
+    process_owner,
     worker_heartbeat,
 )
 
@@ -168,16 +167,10 @@ def call_attempt(claimed: Claimed) -> Outcome:
     )
 
 
-_sync_owner: tuple[int, str] | None = None
-
-
 def call_execute(*, call_id: int) -> str:
     """Claim, run and record one call in this thread (what a worker does for each call of a
     message, without its pool); safe to run twice for one call."""
-    global _sync_owner
-    if _sync_owner is None or _sync_owner[0] != os.getpid():
-        _sync_owner = (os.getpid(), new_process_owner())
-    owner = _sync_owner[1]
+    owner = process_owner()
     worker_heartbeat(owner=owner)
     job_id = Call.objects.filter(pk=call_id).values_list("job_id", flat=True).first()
     if job_id is None:

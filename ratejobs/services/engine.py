@@ -38,7 +38,7 @@ from ratejobs.services.calls import (
 )
 from ratejobs.services.dispatch import request_dispatch
 from ratejobs.services.reconcile import calls_recover_orphans
-from ratejobs.services.workers import new_process_owner, worker_forget, worker_heartbeat
+from ratejobs.services.workers import process_owner, worker_forget, worker_heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ GIL_SWITCH_SECONDS = 0.0005
 
 class Engine:
     def __init__(self, *, in_flight: int, heartbeat_seconds: float, sweep_seconds: float) -> None:
-        self.owner = new_process_owner()
+        self.owner = process_owner()
         # A thread that slept until its limiter slot must confirm it within one slot (10 ms at
         # 100/s) or the slot is lost; behind Python's default 5 ms GIL hand-off, with dozens
         # of threads, it often was not (bench-slow: 84 calls/s of 100; 93 with this).

@@ -27,10 +27,17 @@ def database_now() -> datetime:
     return timezone.now()
 
 
-def new_process_owner() -> str:
-    """A name for this process's claims that no other process has had or will have: host and
-    pid help a reader find it, the random part tells apart containers sharing both."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+_owner: tuple[int, str] | None = None
+
+
+def process_owner() -> str:
+    """This process's name for its claims, made once per process (a forked child makes its
+    own): host and pid help a reader find it, the random part tells apart containers sharing
+    both."""
+    global _owner
+    if _owner is None or _owner[0] != os.getpid():
+        _owner = (os.getpid(), f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}")
+    return _owner[1]
 
 
 def worker_heartbeat(*, owner: str) -> None:
