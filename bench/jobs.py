@@ -236,27 +236,33 @@ def run_ratejobs(ctx: Context) -> Row:
     return Row("ratejobs", ctx.calls, ctx.workers, wall, sampler.peak, arrivals, "; ".join(notes))
 
 
+def bare_rows(owner: Any, base_url: str, calls: int) -> tuple[list[int], Any]:
+    """Rows for `calls` bare tasks to update, under a paused job (the dispatcher only looks at
+    running and queued jobs, so ratejobs never sends these): their ids, and a queryset of
+    those already written."""
+    from ratejobs.models import Api, Call, Job
+
+    api = Api.objects.create(
+        name=f"bench-bare-{uuid.uuid4().hex[:8]}", base_url=base_url, rate=API_RATE
+    )
+    job = Job.objects.create(
+        owner=owner, api=api, name="bench-bare", status=Job.Status.PAUSED, total=calls
+    )
+    Call.objects.bulk_create(
+        (Call(job=job, index=i, method="GET", path=f"/bare/{i}") for i in range(calls)),
+        batch_size=2000,
+    )
+    ids = list(job.calls.order_by("index").values_list("pk", flat=True))
+    return ids, Call.objects.filter(job=job, status_code__isnull=False)
+
+
 def run_bare(ctx: Context) -> Row:
     """N `.delay()`ed bare tasks, timed from the first `.delay()` to the last row written."""
     from django.db.models import Max
 
     from bench.bare_tasks import bare_call
-    from ratejobs.models import Api, Call, Job
 
-    api = Api.objects.create(
-        name=f"bench-bare-{uuid.uuid4().hex[:8]}", base_url=ctx.sandbox.url, rate=API_RATE
-    )
-    # Rows the bare tasks update, under a paused job: the dispatcher only looks at running and
-    # queued jobs, so ratejobs never sends these.
-    job = Job.objects.create(
-        owner=ctx.owner, api=api, name="bench-bare", status=Job.Status.PAUSED, total=ctx.calls
-    )
-    Call.objects.bulk_create(
-        (Call(job=job, index=i, method="GET", path=f"/bare/{i}") for i in range(ctx.calls)),
-        batch_size=2000,
-    )
-    ids = list(job.calls.order_by("index").values_list("pk", flat=True))
-    written = Call.objects.filter(job=job, status_code__isnull=False)
+    ids, written = bare_rows(ctx.owner, ctx.sandbox.url, ctx.calls)
     ctx.sandbox.reset()
     log_start, cpu_start = ctx.worker.log_size(), ctx.worker.cpu_seconds()
     _progress(f"bare Celery: {ctx.calls:,} tasks with .delay(), {ctx.workers} worker processes")
@@ -302,23 +308,37 @@ def limiter_round_trips(client: redis.Redis) -> int:
 
 
 def _wait(ctx: Context, label: str, progress: Callable[[], tuple[int, bool]]) -> None:
-    """Poll until `progress` says done; fail when nothing moved for STALL_SECONDS."""
+    wait_for_progress(label, ctx.calls, progress, log=ctx.worker.text)
+
+
+def wait_for_progress(
+    label: str,
+    total: int,
+    progress: Callable[[], tuple[int, bool]],
+    *,
+    log: Callable[[], str] | None = None,
+    give_up: bool = False,
+) -> bool:
+    """Poll until `progress` says done. When nothing moved for STALL_SECONDS: True if
+    `give_up`, else BenchError with the end of `log` (the worker's)."""
     last, moved = -1, time.monotonic()
     reported = time.monotonic()
     while True:
         done, finished = progress()
         if finished:
-            return
+            return False
         now = time.monotonic()
         if done != last:
             last, moved = done, now
         elif now - moved > STALL_SECONDS:
+            if give_up:
+                return True
             raise BenchError(
-                f"{label}: stuck at {done:,}/{ctx.calls:,} for {STALL_SECONDS:g} s; worker log:\n"
-                + ctx.worker.text()[-3000:]
+                f"{label}: stuck at {done:,}/{total:,} for {STALL_SECONDS:g} s"
+                + (f"; worker log:\n{log()[-3000:]}" if log else "")
             )
         if now - reported > PROGRESS_SECONDS:
-            _progress(f"{label}: {done:,}/{ctx.calls:,}")
+            _progress(f"{label}: {done:,}/{total:,}")
             reported = now
         time.sleep(POLL_SECONDS)
 

@@ -25,11 +25,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.jobs import POLL_SECONDS, Setup, Worker, bench_setup
+from bench.jobs import Setup, Worker, bare_rows, bench_setup, wait_for_progress
 
 SLOW_LATENCY = 1.0
 SLOW_RATE = 100.0
@@ -46,8 +46,6 @@ CAP_LATENCY = 2.0
 CAP_CALLS = 200
 QUICK_DIVISOR = 5
 SAMPLE_SECONDS = 0.2
-# A run that wrote nothing for this long is stuck (a bare task that failed writes nothing).
-STALL_SECONDS = 30.0
 # Worker connections are told apart from the bench's own by this application_name (libpq
 # reads PGAPPNAME).
 WORKER_APP_NAME = "ratejobs-bench-worker"
@@ -132,7 +130,7 @@ def run_ratejobs(
             job.refresh_from_db()
             return job.done, job.status in (Job.Status.COMPLETED, Job.Status.CANCELLED)
 
-        _wait(label, calls, progress)
+        wait_for_progress(label, calls, progress)
     wall = job.finished.timestamp() - started
     return _row("ratejobs", "prefork -c 2", calls, job.succeeded, wall, sandbox, sampler)
 
@@ -141,19 +139,8 @@ def run_bare(setup: Setup, worker: Worker, sandbox: Any, *, calls: int, pool: st
     from django.db.models import Max
 
     from bench.bare_tasks import bare_call
-    from ratejobs.models import Api, Call, Job
 
-    api = Api.objects.create(
-        name=f"bench-bare-{uuid.uuid4().hex[:8]}", base_url=sandbox.url, rate=SLOW_RATE
-    )
-    job = Job.objects.create(
-        owner=setup.owner, api=api, name="bench-bare", status=Job.Status.PAUSED, total=calls
-    )
-    Call.objects.bulk_create(
-        Call(job=job, index=i, method="GET", path=f"/bare/{i}") for i in range(calls)
-    )
-    ids = list(job.calls.order_by("index").values_list("pk", flat=True))
-    written = Call.objects.filter(job=job, status_code__isnull=False)
+    ids, written = bare_rows(setup.owner, sandbox.url, calls)
     sandbox.reset()
     _progress(f"bare Celery {pool}: {calls:,} tasks")
     with Sampler(worker) as sampler:
@@ -165,7 +152,7 @@ def run_bare(setup: Setup, worker: Worker, sandbox: Any, *, calls: int, pool: st
             count = written.count()
             return count, count == calls
 
-        stalled = _wait(f"bare {pool}", calls, progress, give_up=True)
+        stalled = wait_for_progress(f"bare {pool}", calls, progress, give_up=True)
     done = written.count()
     last = written.aggregate(last=Max("finished"))["last"]
     wall = (last.timestamp() - started) if last else 0.0
@@ -240,25 +227,6 @@ def _row(
         peak,
         notes,
     )
-
-
-def _wait(
-    label: str, calls: int, progress: Callable[[], tuple[int, bool]], *, give_up: bool = False
-) -> bool:
-    """Poll until done; True if nothing moved for STALL_SECONDS and `give_up` allows stopping."""
-    last, moved = -1, time.monotonic()
-    while True:
-        done, finished = progress()
-        if finished:
-            return False
-        now = time.monotonic()
-        if done != last:
-            last, moved = done, now
-        elif now - moved > STALL_SECONDS:
-            if give_up:
-                return True
-            raise RuntimeError(f"{label}: stuck at {done:,}/{calls:,}")
-        time.sleep(POLL_SECONDS)
 
 
 def render(title: str, rows: Sequence[Row], about: str) -> str:
