@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo lint bench-limiter bench-jobs bench-slow
+.PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,3 +36,8 @@ bench-jobs: venv
 # Slow APIs: 1 s responses at 100/s, and an in-flight cap of 10 at 2 s, next to bare Celery.
 bench-slow: venv
 	$(PY) -m bench.slow
+
+# One job of a million calls: submit_job's time, broker depth, worker memory and the admin's
+# page times while it runs (about 45 minutes on 2 cores; --calls N or --minutes M for less).
+bench-million: venv
+	$(PY) -m bench.million

@@ -204,6 +204,13 @@ class Call(models.Model):
                 condition=Q(status="running"),
                 name="call_running_owner",
             ),
+            # the dispatch window: calls in the broker, counted at every dispatch (without
+            # it, counting them read every pending call of a million-call job, 140 ms a run)
+            models.Index(
+                fields=["job"],
+                condition=Q(status="pending", dispatched_at__isnull=False),
+                name="call_in_window",
+            ),
             # what the reconciler looks for: calls in the broker or running
             models.Index(
                 fields=["dispatched_at"],
@@ -214,6 +221,22 @@ class Call(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.path} (job {self.job_id} #{self.index})"
+
+
+class JobSecond(models.Model):
+    """How many of a job's calls ended (succeeded or failed) in one second, written with the
+    outcomes: the job's pace and chart read these, never its calls (counting the finished
+    calls of a million-call job took over a second per page)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="seconds")
+    at = models.DateTimeField(help_text="the second (database clock), microseconds cut")
+    calls = models.PositiveIntegerField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job", "at"], name="job_second_unique")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} at {self.at}: {self.calls}"
 
 
 class ThrottleEvent(models.Model):

@@ -176,7 +176,7 @@ RATEJOBS_MAX_WORKER_WAIT = env.float("RATEJOBS_MAX_WORKER_WAIT", default=1.0)
 # Enough for 64 calls/s per process at a 1 s response time; each thread costs about 100 KiB.
 RATEJOBS_CALLS_IN_FLIGHT = env.int("RATEJOBS_CALLS_IN_FLIGHT", default=64)
 # Calls per broker message at most (fewer for slow APIs: no more than one worker wait grants).
-RATEJOBS_CALLS_PER_MESSAGE = env.int("RATEJOBS_CALLS_PER_MESSAGE", default=16)
+RATEJOBS_CALLS_PER_MESSAGE = env.int("RATEJOBS_CALLS_PER_MESSAGE", default=64)
 # Every worker process writes a heartbeat this often; one not seen for RATEJOBS_WORKER_DEAD_AFTER
 # seconds is dead, and the calls it claimed are taken back (by the workers themselves, or the
 # reconciler). Above the longest pause a busy process may have (a database failover).

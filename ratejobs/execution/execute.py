@@ -129,6 +129,7 @@ def execute_call(
     weight: int = 1,
     rng: random.Random | None = None,
     return_lease: bool = True,
+    reserved: Grant | None = None,
 ) -> Outcome:
     """Run attempt number `attempts` (1-based, throttled attempts not counted) of a call.
 
@@ -140,6 +141,8 @@ def execute_call(
     round trip: only where no in-flight cap waits on it). Any other error
     (a Redis error the limiter cannot place, a request the HTTP client refuses, a time limit
     mid-request) ends the attempt as an Outcome too, with its error (classify_unexpected).
+    `reserved` is a slot acquire_many reserved for this call: it is confirmed (at no round
+    trip when its time has come) instead of acquiring one.
     """
     if not (isinstance(max_wait, int | float) and max_wait >= 0):
         raise ValueError("max_wait must be a number of seconds >= 0")
@@ -147,7 +150,7 @@ def execute_call(
         return _attempt(
             request, limiter=limiter, session=session, policy=policy, attempts=attempts,
             throttled_retries=throttled_retries, max_wait=max_wait, weight=weight, rng=rng,
-            return_lease=return_lease,
+            return_lease=return_lease, reserved=reserved,
         )  # fmt: skip
     except Exception as exc:  # every error must end as a recorded attempt, never a loop
         decision = classify_unexpected(
@@ -174,10 +177,14 @@ def _attempt(
     weight: int,
     rng: random.Random | None,
     return_lease: bool,
+    reserved: Grant | None,
 ) -> Outcome:
     started = time.monotonic()
     try:
-        grant = limiter.acquire(weight, max_wait=max_wait, lease_seconds=policy.lease_seconds)
+        if reserved is not None:
+            grant = limiter.confirm(reserved, max_wait=max_wait)
+        else:
+            grant = limiter.acquire(weight, max_wait=max_wait, lease_seconds=policy.lease_seconds)
     except WaitTooLong as exc:
         if exc.at_capacity:
             # Due again at once: the dispatcher sends it back when a place is free (it keeps

@@ -31,9 +31,20 @@ class CallPool:
         with self._room:
             return self._busy
 
-    def reserve(self, wanted: int, *, timeout: float | None = None) -> int:
+    def reserve(
+        self,
+        wanted: int,
+        *,
+        timeout: float | None = None,
+        gather: int = 1,
+        gather_seconds: float = 0.0,
+    ) -> int:
         """Reserve room for up to `wanted` calls, waiting (at most `timeout` s) until there is
-        room for at least one; returns how many places were reserved (0 after a timeout)."""
+        room for at least one; returns how many places were reserved (0 after a timeout).
+
+        With room for fewer than `gather` (and `wanted`), it waits up to `gather_seconds` more
+        for others to free up: on a full pool, places free one by one, and claiming each call
+        on its own costs a database statement per call."""
         if wanted <= 0:
             return 0
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -42,6 +53,13 @@ class CallPool:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return 0
+                self._room.wait(left)
+            enough = min(wanted, gather, self.size)
+            gathered_by = time.monotonic() + gather_seconds
+            while self.size - self._busy < enough:
+                left = gathered_by - time.monotonic()
+                if left <= 0:
+                    break
                 self._room.wait(left)
             taken = min(wanted, self.size - self._busy)
             self._busy += taken

@@ -9,6 +9,7 @@ that go with the API belong to that host and that prefix only.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +43,7 @@ MAX_DECODE_ROUNDS = 4
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 # RFC 3986 pchar plus "/" and "%" (escapes already in the path are kept as they are).
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
@@ -56,6 +58,12 @@ def validate_base_url(base_url: str) -> str:
     with a host and no credentials, query or fragment."""
     if not isinstance(base_url, str) or not base_url:
         raise ValueError("base_url must be a non-empty string")
+    return _validated_base_url(base_url)
+
+
+# Remembered per base URL: every call of an upload and every attempt resolves against one.
+@functools.lru_cache(maxsize=1024)
+def _validated_base_url(base_url: str) -> str:
     if _has_control_chars(base_url) or "\\" in base_url or " " in base_url:
         raise ValueError("base_url contains spaces, backslashes or control characters")
     parts = urlsplit(base_url)
@@ -100,10 +108,16 @@ def resolve_url(base_url: str, path: str, query: Query | None = None) -> str:
     if any(queries):
         url += "?" + "&".join(q for q in queries if q)
     # Belt and braces: whatever the path was, the result is on the base's scheme and host.
-    resolved, expected = urlsplit(url), urlsplit(base)
-    if (resolved.scheme, resolved.netloc) != (expected.scheme, expected.netloc):
+    resolved = urlsplit(url)
+    if (resolved.scheme, resolved.netloc) != _scheme_and_netloc(base):
         raise ValueError("path must stay on the API's host")
     return url
+
+
+@functools.lru_cache(maxsize=1024)
+def _scheme_and_netloc(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
 
 
 def validate_method(method: str) -> str:
@@ -227,7 +241,7 @@ def _query_text(value: QueryValue) -> str:
 
 
 def _has_control_chars(text: str) -> bool:
-    return any(ord(char) < 0x20 or ord(char) == 0x7F for char in text)
+    return _CONTROL_CHAR.search(text) is not None
 
 
 def redact_url(url: str) -> str:

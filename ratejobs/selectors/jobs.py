@@ -14,7 +14,7 @@ from django.db.models.functions import Length, Trunc
 from django.http import Http404
 from django.utils import timezone
 
-from ratejobs.models import Call, Job, ThrottleEvent
+from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
 from ratejobs.permissions import sees_every_job
 
 # Columns of a call that no listing shows: the request's own body (up to a MiB each) and the
@@ -93,8 +93,6 @@ def throttle_event_list_for_job(job: Job) -> QuerySet[ThrottleEvent]:
 
 # A job's pace is measured over this many seconds of finished calls.
 PACE_WINDOW_SECONDS = 60.0
-# Calls that reached the API (cancelled ones finish too, all at once, without being sent).
-SENT_STATUSES = (Call.Status.SUCCEEDED, Call.Status.FAILED)
 
 
 def job_paces(jobs: Iterable[Job]) -> dict[int, float]:
@@ -110,11 +108,9 @@ def job_paces(jobs: Iterable[Job]) -> dict[int, float]:
     if not windows:
         return {}
     counts = (
-        Call.objects.filter(
-            job_id__in=list(windows), finished__gte=cutoff, status__in=SENT_STATUSES
-        )
+        JobSecond.objects.filter(job_id__in=list(windows), at__gte=cutoff)
         .values("job_id")
-        .annotate(finished_calls=Count("pk"))
+        .annotate(finished_calls=Sum("calls"))
         .order_by()
     )
     paces = dict.fromkeys(windows, 0.0)
@@ -182,20 +178,22 @@ def job_timeline(job: Job, max_buckets: int = 60) -> Timeline | None:
     throttled = [0] * buckets
     for rows, series in (
         (
-            Call.objects.filter(job=job, finished__isnull=False, status__in=SENT_STATUSES)
-            .annotate(at=Trunc("finished", kind))
-            .values("at"),
+            JobSecond.objects.filter(job=job)
+            .annotate(bucket_at=Trunc("at", kind))
+            .values("bucket_at")
+            .annotate(n=Sum("calls")),
             calls,
         ),
         (
             ThrottleEvent.objects.filter(job=job, kind=ThrottleEvent.Kind.THROTTLED)
-            .annotate(at=Trunc("created", kind))
-            .values("at"),
+            .annotate(bucket_at=Trunc("created", kind))
+            .values("bucket_at")
+            .annotate(n=Count("pk")),
             throttled,
         ),
     ):
-        for row in rows.annotate(n=Count("pk")).order_by():
-            index = int((row["at"] - start).total_seconds() // bucket)
+        for row in rows.order_by():
+            index = int((row["bucket_at"] - start).total_seconds() // bucket)
             series[min(max(index, 0), buckets - 1)] += row["n"]
     return Timeline(
         start=start,

@@ -6,11 +6,12 @@ threads; call_execute runs one call start to end in the caller's thread."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from django.conf import settings
@@ -29,11 +30,11 @@ from ratejobs.execution.http import session_for_process
 from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.outcome import Decision
 from ratejobs.execution.request import HttpRequest, build_request
-from ratejobs.limiter import LimiterError
+from ratejobs.limiter import Grant, Limiter, LimiterError
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_limiter
 from ratejobs.services.dispatch import request_dispatch
-from ratejobs.services.jobs import job_complete_if_done
+from ratejobs.services.jobs import job_complete_if_done, job_seconds_add
 from ratejobs.services.workers import (
     database_now,
     owner_is_dead,
@@ -43,15 +44,30 @@ from ratejobs.services.workers import (
 
 logger = logging.getLogger(__name__)
 
+# Columns of a call an attempt does not read: its last response may be large.
+UNNEEDED_TO_SEND = ("response_headers", "response_body", "error")
 # A claimed call belongs to its process for the longest an attempt can take plus this margin
 # (or until the process stops sending heartbeats); then another may take it over.
 CLAIM_MARGIN_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
+class ApiContext:
+    """What every call of one claim needs from its API, worked out once per claim: decrypting
+    the credential and building the limiter per call cost more CPU than sending it."""
+
+    secret: str | None = field(repr=False)
+    credential_error: str | None
+    limiter: Limiter
+    policy: ExecutionPolicy
+
+
+@dataclass(frozen=True)
 class Claimed:
-    call: Call  # with its job and API loaded
+    call: Call  # with its job and API loaded, shared by the calls of one claim
     token: str
+    context: ApiContext
+    reserved: Grant | None = None  # a limiter slot reserved with the claim's others
 
 
 @dataclass(frozen=True)
@@ -73,9 +89,10 @@ def calls_claim(*, job_id: int, call_ids: Iterable[int], owner: str) -> list[Cla
     not held by a live process) for `owner`, in one statement; returns them with their job and
     API loaded."""
     call_ids = list(call_ids)
-    api = Api.objects.filter(jobs=job_id).first()
-    if api is None or not call_ids:
+    job = Job.objects.select_related("api").filter(pk=job_id).first()
+    if job is None or not call_ids:
         return []
+    api = job.api
     token = uuid.uuid4().hex
     now = database_now()
     # The claimable rows are locked in id order, skipping those another transaction holds
@@ -109,8 +126,54 @@ def calls_claim(*, job_id: int, call_ids: Iterable[int], owner: str) -> list[Cla
         )
     if not claimed:
         return []
-    calls = Call.objects.select_related("job__api").filter(pk__in=call_ids, claim_token=token)
-    return [Claimed(call, token) for call in calls]
+    context = api_context(api)
+    # The last response of a call being retried is not needed to send it again.
+    calls = Call.objects.defer(*UNNEEDED_TO_SEND).filter(pk__in=call_ids, claim_token=token)
+    claims = []
+    for call in calls:
+        call.job = job
+        claims.append(Claimed(call, token, context))
+    return claims
+
+
+def calls_reserve_slots(claims: list[Claimed]) -> list[Claimed]:
+    """Reserve limiter slots for one claim's calls in one round trip (acquire_many), as many as
+    come within RATEJOBS_MAX_WORKER_WAIT; the others acquire their own when they run.
+
+    Not for an API with an in-flight cap: there each call waits for a released place on its
+    own thread, woken by the release, never the claiming thread."""
+    if not claims or claims[0].call.job.api.max_concurrency:
+        return claims
+    context = claims[0].context
+    try:
+        batch = context.limiter.acquire_many(
+            len(claims),
+            max_wait=settings.RATEJOBS_MAX_WORKER_WAIT,
+            lease_seconds=context.policy.lease_seconds,
+        )
+    except LimiterError:  # each call tries again on its own and records why it could not
+        return claims
+    except Exception:  # the calls are claimed: they must still run, and record what happens
+        logger.exception("limiter %r: could not reserve slots for a batch", context.limiter.name)
+        return claims
+    reserved = [replace(item, reserved=grant) for item, grant in zip(claims, batch, strict=False)]
+    return reserved + claims[len(reserved) :]
+
+
+def api_context(api: Api) -> ApiContext:
+    try:
+        secret = resolve_credential(
+            credential_env=api.credential_env, credential_encrypted=api.credential_encrypted
+        )
+        error = None
+    except CredentialError as exc:
+        secret, error = None, str(exc)
+    return ApiContext(
+        secret=secret,
+        credential_error=error,
+        limiter=api_limiter(api),
+        policy=execution_policy(api),
+    )
 
 
 def execution_policy(api: Api) -> ExecutionPolicy:
@@ -122,10 +185,7 @@ def execution_policy(api: Api) -> ExecutionPolicy:
     )
 
 
-def call_request(call: Call, api: Api) -> HttpRequest:
-    secret = resolve_credential(
-        credential_env=api.credential_env, credential_encrypted=api.credential_encrypted
-    )
+def call_request(call: Call, api: Api, secret: str | None) -> HttpRequest:
     extra = {"json": call.json} if call.json is not None else {}
     return build_request(
         method=call.method,
@@ -142,28 +202,34 @@ def call_request(call: Call, api: Api) -> HttpRequest:
 def call_attempt(claimed: Claimed) -> Outcome:
     """One attempt of a claimed call through its API's shared limiter. Touches no database,
     so any number of these run at once on a worker's threads."""
-    call = claimed.call
-    api = call.job.api
+    call, context = claimed.call, claimed.context
     try:
-        request = call_request(call, api)
-    except (CredentialError, ValueError) as exc:  # nothing can be sent: no attempt used
+        if context.credential_error is not None:
+            raise ValueError(context.credential_error)
+        request = call_request(call, call.job.api, context.secret)
+    except ValueError as exc:  # nothing can be sent: no attempt used
+        if claimed.reserved is not None:
+            with contextlib.suppress(LimiterError):  # else its lease expires by itself
+                context.limiter.release(claimed.reserved)
         return outcome_without_response(
             Decision("failed", error=str(exc)), 0.0, call.attempts, call.throttled_count
         )
+    api = call.job.api
     return execute_call(
         request,
-        limiter=api_limiter(api),
+        limiter=context.limiter,
         session=session_for_process(
             policy_for(settings.RATEJOBS_OUTBOUND_ALLOW),
             pool_maxsize=settings.RATEJOBS_CALLS_IN_FLIGHT,
         ),
-        policy=execution_policy(api),
+        policy=context.policy,
         attempts=call.attempts + 1,
         throttled_retries=call.throttled_count,
         max_wait=settings.RATEJOBS_MAX_WORKER_WAIT,
         # Without an in-flight cap nobody waits for a lease: calls_record_outcomes returns
         # them in bulk, one round trip per API instead of one per call.
         return_lease=bool(api.max_concurrency),
+        reserved=claimed.reserved,
     )
 
 
@@ -235,6 +301,9 @@ def calls_record_outcomes(finished: list[Finished]) -> int:
                     **{name: F(name) + n for name, n in job_counters.items()}
                 )
                 job_complete_if_done(job_id=job_id)
+        job_seconds_add(
+            {job_id: c["succeeded"] + c["failed"] for job_id, c in counters.items()}, now
+        )
         ThrottleEvent.objects.bulk_create(events)
         api_ids = {f.claimed.call.job.api_id for f in finished}
         transaction.on_commit(lambda: [request_dispatch(api_id) for api_id in sorted(api_ids)])

@@ -159,8 +159,9 @@ def _send(messages: list[tuple[int, list[int]]]) -> None:
         logger.exception("could not send %d call messages to the broker", len(messages))
 
 
-def request_dispatch(api_id: int) -> None:
-    """Ask for a dispatch run of the API soon; calls close together share one run."""
+def request_dispatch(api_id: int, *, countdown: float = DISPATCH_DEBOUNCE_SECONDS) -> None:
+    """Ask for a dispatch run of the API within `countdown` seconds; requests within the
+    debounce time share one run."""
     try:
         first = redis_client().set(
             f"ratejobs:dispatch:{{{api_id}}}:pending",
@@ -169,7 +170,7 @@ def request_dispatch(api_id: int) -> None:
             px=int(DISPATCH_DEBOUNCE_SECONDS * 1000),
         )
         if first:
-            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=DISPATCH_DEBOUNCE_SECONDS)
+            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=countdown)
     except (redis.RedisError, OSError):
         logger.warning("Redis unreachable: dispatch of API %s left to the reconciler", api_id)
     except Exception:  # the broker (also Redis by default) refused the message

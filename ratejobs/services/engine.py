@@ -35,6 +35,7 @@ from ratejobs.services.calls import (
     call_attempt,
     calls_claim,
     calls_record_outcomes,
+    calls_reserve_slots,
 )
 from ratejobs.services.dispatch import request_dispatch
 from ratejobs.services.reconcile import calls_recover_orphans
@@ -49,6 +50,11 @@ RECORD_BATCH = 500
 # claims it holds stay valid for minutes meanwhile.
 RECORD_RETRY_SECONDS = 1.0
 _STOP = object()
+# A message's calls are claimed in batches of at least this many when the pool is full,
+# waiting up to CLAIM_GATHER_SECONDS for the places: a fast API frees them within
+# milliseconds, and one claim per freed place cost a fifth of the CPU per call in bench-jobs.
+CLAIM_GATHER = 16
+CLAIM_GATHER_SECONDS = 0.02
 GIL_SWITCH_SECONDS = 0.0005
 
 
@@ -82,11 +88,15 @@ class Engine:
         remaining = list(call_ids)
         started: list[Claimed] = []
         while remaining:
-            places = self.pool.reserve(len(remaining))
+            places = self.pool.reserve(
+                len(remaining), gather=CLAIM_GATHER, gather_seconds=CLAIM_GATHER_SECONDS
+            )
             batch, remaining = remaining[:places], remaining[places:]
             handed = 0
             try:
-                claimed = calls_claim(job_id=job_id, call_ids=batch, owner=self.owner)
+                claimed = calls_reserve_slots(
+                    calls_claim(job_id=job_id, call_ids=batch, owner=self.owner)
+                )
                 for item in claimed:
                     self.pool.run(lambda item=item: self._attempt(item))
                     handed += 1

@@ -11,12 +11,14 @@ from django.urls import reverse
 from django.utils import timezone
 
 from ratejobs.models import Call, Job, ThrottleEvent
+from ratejobs.services.jobs import job_seconds_add
 
 LIST_URL = reverse("admin:ratejobs_job_changelist")
 
 
 def finish_calls(job: Job, count: int, *, seconds_ago: float = 5.0) -> None:
-    """Mark the job's first calls succeeded as a worker would, spread over the last seconds."""
+    """Mark the job's first calls succeeded as a worker would (their seconds counted too, as
+    the recorder does), spread over the last seconds."""
     now = timezone.now()
     job.started = now - timedelta(seconds=seconds_ago + 1)
     for offset, call in enumerate(job.calls.order_by("index")[:count]):
@@ -24,6 +26,7 @@ def finish_calls(job: Job, count: int, *, seconds_ago: float = 5.0) -> None:
         call.finished = now - timedelta(seconds=seconds_ago * offset / max(count, 1))
         call.status_code = 200
         call.save()
+        job_seconds_add({job.pk: 1}, call.finished)
     job.succeeded = count
     job.status = Job.Status.RUNNING
     job.save()

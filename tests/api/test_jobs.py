@@ -51,6 +51,20 @@ def test_create_stores_the_job_and_its_calls_in_order(api_client, api, user):
     assert job.owner == user
     stored = list(job.calls.order_by("index").values_list("index", "method", "path"))
     assert stored == [(0, "GET", "/users/1"), (1, "POST", "users"), (2, "PUT", "/users/2")]
+    # every field as given (JSON ones as JSON, not as text), and the defaults of a new call:
+    # on PostgreSQL the rows go in with COPY, not through the model
+    given = job.calls.order_by("index").values_list("query", "headers", "json", "body")
+    assert list(given) == [
+        ({"fields": "name"}, None, None, None),
+        (None, {"X-Trace": "1"}, {"name": "Ada"}, None),
+        (None, None, None, "plain text"),
+    ]
+    defaults = job.calls.values_list(
+        "status", "attempts", "throttled_count", "claim_token", "error", "response_truncated",
+        "dispatched_at", "next_attempt_at", "response_body", "finished",
+    ).order_by().distinct()  # fmt: skip
+    assert list(defaults) == [("pending", 0, 0, "", "", False, None, None, None, None)]
+    assert all(call.created is not None for call in job.calls.all())
     assert api_client.get(f"/api/jobs/{job.pk}/").json() == body
 
 

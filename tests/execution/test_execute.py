@@ -149,10 +149,10 @@ class Interrupted(BaseException):
 def interrupted_session() -> requests.Session:
     session = new_session(LOOPBACK)
 
-    def send(request, **kwargs):
+    def connection(*args, **kwargs):
         raise Interrupted
 
-    session.send = send
+    session.get_adapter("http://").get_connection_with_tls_context = connection
     return session
 
 
