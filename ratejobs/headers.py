@@ -78,6 +78,19 @@ def parse_quota(headers: Mapping[str, str], *, now: float) -> QuotaHint | None:
     return _quota(fields, now=now, server_now=_http_date(fields.get("date")))
 
 
+THROTTLE_STATUS = 429
+# GitHub answers its rate limits with a 403 that carries Retry-After or a spent quota; a 403
+# with neither is a real "forbidden".
+HINTED_THROTTLE_STATUS = 403
+
+
+def is_throttle(status: int, hint: float | None) -> bool:
+    """Whether a response is the API throttling us: a 429, or a 403 with a throttle hint.
+    `hint` is throttle_delay() of the response. The outcome of the call and the limiter (its
+    throttle count, the metric, the adaptive rate) both decide with this."""
+    return status == THROTTLE_STATUS or (status == HINTED_THROTTLE_STATUS and hint is not None)
+
+
 def throttle_delay(status_code: int, headers: Mapping[str, str], *, now: float) -> float | None:
     """How long the limiter must block every worker on this API; None when the response says
     nothing about waiting.

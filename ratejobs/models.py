@@ -12,9 +12,17 @@ from django.db import models
 from django.db.models import Q
 
 from ratejobs.limiter import LimiterConfig
+from ratejobs.limiter.config import MAX_BURST, MAX_CONCURRENCY, MAX_PERIOD, MAX_RATE
 
 # Priority weights a job's share of its API against the other running jobs (stride scheduling).
 MAX_PRIORITY = 10
+MIN_RATE = 1e-6
+MIN_PERIOD = 1e-3
+# 429s one call may take: each waits at least a Retry-After, so more is a call that never ends.
+MAX_THROTTLED_RETRIES = 1000
+MAX_ATTEMPTS = 100
+MIN_TIMEOUT = 0.1
+MAX_TIMEOUT = 600.0
 
 
 class Api(models.Model):
@@ -22,21 +30,37 @@ class Api(models.Model):
 
     name = models.SlugField(max_length=100, unique=True, help_text="also the limiter's name")
     base_url = models.URLField(max_length=2000)
-    rate = models.FloatField(validators=[MinValueValidator(1e-6)], help_text="requests per period")
-    period = models.FloatField(default=1.0, validators=[MinValueValidator(1e-3)])
-    burst = models.PositiveIntegerField(default=1, validators=[MinValueValidator(1)])
-    max_concurrency = models.PositiveIntegerField(default=0, help_text="0: no in-flight cap")
+    # The bounds are the limiter's (limiter.config); rate / period is bounded there too.
+    rate = models.FloatField(
+        validators=[MinValueValidator(MIN_RATE), MaxValueValidator(MAX_RATE)],
+        help_text="requests per period",
+    )
+    period = models.FloatField(
+        default=1.0, validators=[MinValueValidator(MIN_PERIOD), MaxValueValidator(MAX_PERIOD)]
+    )
+    burst = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(MAX_BURST)]
+    )
+    max_concurrency = models.PositiveIntegerField(
+        default=0, validators=[MaxValueValidator(MAX_CONCURRENCY)], help_text="0: no in-flight cap"
+    )
     adaptive = models.BooleanField(default=False)
-    min_rate = models.FloatField(null=True, blank=True, validators=[MinValueValidator(1e-6)])
+    min_rate = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(MIN_RATE), MaxValueValidator(MAX_RATE)],
+    )
     max_attempts = models.PositiveIntegerField(
-        default=5, validators=[MinValueValidator(1), MaxValueValidator(100)]
+        default=5, validators=[MinValueValidator(1), MaxValueValidator(MAX_ATTEMPTS)]
     )
     max_throttled_retries = models.PositiveIntegerField(
-        default=50, help_text="429s a call may receive before it fails; they do not use attempts"
+        default=50,
+        validators=[MaxValueValidator(MAX_THROTTLED_RETRIES)],
+        help_text="429s a call may receive before it fails; they do not use attempts",
     )
     timeout = models.FloatField(
         default=30.0,
-        validators=[MinValueValidator(0.1), MaxValueValidator(600)],
+        validators=[MinValueValidator(MIN_TIMEOUT), MaxValueValidator(MAX_TIMEOUT)],
         help_text="read timeout, seconds",
     )
     default_headers = models.JSONField(default=dict, blank=True)
@@ -241,10 +265,11 @@ class JobSecond(models.Model):
 
 class ThrottleEvent(models.Model):
     class Kind(models.TextChoices):
+        # Each is written (services.calls for a response's, services.apis for a manual block):
+        # the admin offers them as a filter, and a kind nobody writes would filter to nothing.
         THROTTLED = "throttled", "429 received"
         BLOCKED = "blocked", "limiter blocked"
         RATE_DECREASED = "rate_decreased", "rate decreased"
-        RATE_RESTORED = "rate_restored", "rate restored"
         QUOTA_EXHAUSTED = "quota_exhausted", "quota exhausted (headers)"
 
     api = models.ForeignKey(Api, on_delete=models.CASCADE, related_name="throttle_events")

@@ -16,7 +16,16 @@ from rest_framework.response import Response
 
 from ratejobs.api.serializers import StrictInputSerializer
 from ratejobs.execution.request import MASK
-from ratejobs.models import Api
+from ratejobs.limiter.config import MAX_BURST, MAX_CONCURRENCY, MAX_PERIOD, MAX_RATE
+from ratejobs.models import (
+    MAX_ATTEMPTS,
+    MAX_THROTTLED_RETRIES,
+    MAX_TIMEOUT,
+    MIN_PERIOD,
+    MIN_RATE,
+    MIN_TIMEOUT,
+    Api,
+)
 from ratejobs.permissions import can_manage_apis
 from ratejobs.selectors.apis import api_get, api_limiter_readings, api_list
 from ratejobs.services.apis import api_create, api_update
@@ -89,16 +98,24 @@ class ApiOutputSerializer(serializers.Serializer):
 class ApiUpdateInputSerializer(StrictInputSerializer):
     """Fields left out keep their value; the services check the values."""
 
+    # The bounds are documented in the schema; the model's validators enforce them (and
+    # rate / period within the limiter's range) for every way in.
     base_url = serializers.CharField(required=False)
-    rate = serializers.FloatField(required=False)
-    period = serializers.FloatField(required=False)
-    burst = serializers.IntegerField(required=False)
-    max_concurrency = serializers.IntegerField(required=False)
+    rate = serializers.FloatField(required=False, min_value=MIN_RATE, max_value=MAX_RATE)
+    period = serializers.FloatField(required=False, min_value=MIN_PERIOD, max_value=MAX_PERIOD)
+    burst = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BURST)
+    max_concurrency = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_CONCURRENCY
+    )
     adaptive = serializers.BooleanField(required=False)
-    min_rate = serializers.FloatField(required=False, allow_null=True)
-    max_attempts = serializers.IntegerField(required=False)
-    max_throttled_retries = serializers.IntegerField(required=False)
-    timeout = serializers.FloatField(required=False)
+    min_rate = serializers.FloatField(
+        required=False, allow_null=True, min_value=MIN_RATE, max_value=MAX_RATE
+    )
+    max_attempts = serializers.IntegerField(required=False, min_value=1, max_value=MAX_ATTEMPTS)
+    max_throttled_retries = serializers.IntegerField(
+        required=False, min_value=0, max_value=MAX_THROTTLED_RETRIES
+    )
+    timeout = serializers.FloatField(required=False, min_value=MIN_TIMEOUT, max_value=MAX_TIMEOUT)
     default_headers = serializers.DictField(
         child=serializers.CharField(trim_whitespace=False, allow_blank=True), required=False
     )
@@ -125,7 +142,9 @@ class ApiUpdateInputSerializer(StrictInputSerializer):
 class ApiCreateInputSerializer(ApiUpdateInputSerializer):
     name = serializers.CharField(help_text="a slug; also the shared limiter's name")
     base_url = serializers.CharField()
-    rate = serializers.FloatField(help_text="requests per period")
+    rate = serializers.FloatField(
+        help_text="requests per period", min_value=MIN_RATE, max_value=MAX_RATE
+    )
 
 
 def _represent(request: Request, apis: Sequence[Api]) -> Any:

@@ -40,7 +40,7 @@ from ratejobs.selectors.jobs import (
     response_body_text,
     throttle_event_list_for_job,
 )
-from ratejobs.services.jobs import CallsInvalid, JobActionRefused, job_act, job_create
+from ratejobs.services.jobs import CallsInvalid, JobActionRefused, job_act, job_submit
 from ratejobs.uploads import NumberedCalls, UploadError
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -301,8 +301,10 @@ class JobListCreateView(_JobCreateThrottled, generics.GenericAPIView):
                 return Response(JobOutputSerializer(existing).data, status=status.HTTP_200_OK)
         serializer = JobCreateInputSerializer(data=data)
         serializer.is_valid(raise_exception=True)
-        job = job_create(owner=request.user, idempotency_key=key, **serializer.validated_data)
-        return Response(JobOutputSerializer(job).data, status=status.HTTP_201_CREATED)
+        job, created = job_submit(
+            owner=request.user, idempotency_key=key, **serializer.validated_data
+        )
+        return Response(JobOutputSerializer(job).data, status=_created_or_replayed(created))
 
 
 class JobUploadView(_JobCreateThrottled, APIView):
@@ -351,7 +353,7 @@ class JobUploadView(_JobCreateThrottled, APIView):
                 return Response(JobOutputSerializer(existing).data, status=status.HTTP_200_OK)
         calls = upload_calls(request)
         try:
-            job = job_create(
+            job, created = job_submit(
                 owner=request.user,
                 idempotency_key=key,
                 calls=calls,
@@ -360,7 +362,13 @@ class JobUploadView(_JobCreateThrottled, APIView):
             )
         except (UploadError, CallsInvalid) as exc:
             raise serializers.ValidationError({"lines": _errors_by_line(calls, exc)}) from exc
-        return Response(JobOutputSerializer(job).data, status=status.HTTP_201_CREATED)
+        return Response(JobOutputSerializer(job).data, status=_created_or_replayed(created))
+
+
+def _created_or_replayed(created: bool) -> int:
+    """201 for a job made now; 200 for the job an Idempotency-Key made before, also when the
+    retry ran at the same time as the first request."""
+    return status.HTTP_201_CREATED if created else status.HTTP_200_OK
 
 
 def _errors_by_line(calls: NumberedCalls, exc: UploadError | CallsInvalid) -> dict[str, Any]:

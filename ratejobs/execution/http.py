@@ -46,7 +46,7 @@ from ratejobs.execution.outbound import (
     connect_allowed,
     refused_address,
 )
-from ratejobs.execution.request import HttpRequest
+from ratejobs.execution.request import HttpRequest, merge_headers
 from ratejobs.execution.urls import check_climb, redact_url, url_origin
 
 ErrorKind = Literal["refused", "connect", "timeout", "connection"]
@@ -632,7 +632,7 @@ def _urlopen(
         method=method,
         url=adapter.request_url(target, proxies),
         body=body,
-        headers=_with_session_headers(session.headers, headers),
+        headers=merge_headers(session.headers, headers),
         redirect=False,
         assert_same_host=False,
         preload_content=False,
@@ -641,15 +641,6 @@ def _urlopen(
         timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
         chunked=False,
     )
-
-
-def _with_session_headers(defaults: Mapping[str, str], given: Mapping[str, str]) -> dict:
-    """The session's headers (User-Agent, Accept-Encoding, ...) under the request's own; names
-    compare without case, as requests merges them."""
-    overridden = {name.lower() for name in given}
-    merged = {k: v for k, v in defaults.items() if k.lower() not in overridden}
-    merged.update(given)
-    return merged
 
 
 def _check_through_proxy(session: requests.Session, url: str, proxies: dict[str, str]) -> None:

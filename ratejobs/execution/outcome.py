@@ -16,19 +16,15 @@ from typing import Literal
 
 from ratejobs.execution.backoff import full_jitter
 from ratejobs.execution.http import HttpResult
-from ratejobs.headers import throttle_delay
+from ratejobs.headers import is_throttle, throttle_delay
 
 # "wait" is never a classification: execute_call uses it when nothing could be sent.
 DecisionKind = Literal["succeeded", "failed", "retry", "throttled", "wait"]
 
 # Request Timeout: the server gave up waiting for us, so a later attempt can succeed.
 RETRYABLE_4XX = frozenset({408})
-THROTTLE_STATUS = 429
 # An unexpected error's text goes into the call's record and the logs: its first line's worth.
 MAX_UNEXPECTED_CHARS = 300
-# GitHub answers its rate limits with a 403 that carries Retry-After or a spent quota; a 403
-# with neither is a real "forbidden".
-HINTED_THROTTLE_STATUS = 403
 
 
 @dataclass(frozen=True)
@@ -132,11 +128,6 @@ def _retry_or_fail(
         delay = hint if hint is not None else backoff(attempts - 1)
         return Decision("retry", retry_after=delay, error=reason)
     return Decision("failed", error=f"gave up after {attempts} attempts: {reason}")
-
-
-def is_throttle(status: int, hint: float | None) -> bool:
-    """`hint` is throttle_delay() of the response."""
-    return status == THROTTLE_STATUS or (status == HINTED_THROTTLE_STATUS and hint is not None)
 
 
 def _status_text(status: int) -> str:

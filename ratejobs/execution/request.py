@@ -59,6 +59,15 @@ class HttpRequest:
     __str__ = __repr__
 
 
+def merge_headers(defaults: Mapping[str, str], own: Mapping[str, str]) -> dict[str, str]:
+    """`defaults` (an API's default headers) under `own` (a call's): names compare without
+    case, so a call's "accept" replaces the API's "Accept" rather than sending both."""
+    overridden = {name.lower() for name in own}
+    merged = {name: value for name, value in defaults.items() if name.lower() not in overridden}
+    merged.update(own)
+    return merged
+
+
 def build_request(
     *,
     method: str,

@@ -16,6 +16,14 @@ DEFAULT_DECREASE_FACTOR = 0.7
 # climb: simulated against a 10/s server with a burst of 2 to 5, 20 s used 87-93% of the real
 # limit with about 1% 429s, where 10 s used 81-90% with 1.3-1.6%.
 DEFAULT_RECOVERY_SECONDS = 20.0
+# What the limiter carries: slots are whole microseconds on Redis's clock, so no more than a
+# million requests a second, and no slower than one request per MAX_PERIOD (a leap year).
+# A rate per period, a burst and an in-flight cap above these are refused, never stored.
+MAX_RATE = 1_000_000.0
+MAX_PER_SECOND = 1_000_000.0
+MAX_PERIOD = 366 * 86_400.0
+MAX_BURST = 1_000_000
+MAX_CONCURRENCY = 100_000
 
 
 @dataclass(frozen=True)
@@ -37,14 +45,22 @@ class LimiterConfig:
 
     def __post_init__(self) -> None:
         errors = []
-        if not is_positive_number(self.rate):
-            errors.append("rate must be a positive number")
-        if not is_positive_number(self.period):
-            errors.append("period must be a positive number of seconds")
-        if not isinstance(self.burst, int) or self.burst < 1:
-            errors.append("burst must be a whole number >= 1")
-        if not isinstance(self.max_concurrency, int) or self.max_concurrency < 0:
-            errors.append("max_concurrency must be a whole number >= 0 (0: no cap)")
+        if not is_positive_number(self.rate) or self.rate > MAX_RATE:
+            errors.append(f"rate must be a positive number of at most {MAX_RATE:,.0f}")
+        if not is_positive_number(self.period) or self.period > MAX_PERIOD:
+            errors.append(f"period must be a positive number of seconds, at most {MAX_PERIOD:,.0f}")
+        if not errors and self.rate / self.period > MAX_PER_SECOND:
+            errors.append(f"rate / period must be at most {MAX_PER_SECOND:,.0f} requests a second")
+        if not errors and self.period / self.rate > MAX_PERIOD:
+            errors.append(f"period / rate must be at most {MAX_PERIOD:,.0f} seconds a request")
+        if not isinstance(self.burst, int) or not 1 <= self.burst <= MAX_BURST:
+            errors.append(f"burst must be a whole number from 1 to {MAX_BURST:,}")
+        if not isinstance(self.max_concurrency, int) or not (
+            0 <= self.max_concurrency <= MAX_CONCURRENCY
+        ):
+            errors.append(
+                f"max_concurrency must be a whole number from 0 (no cap) to {MAX_CONCURRENCY:,}"
+            )
         if self.min_rate is not None and not (
             is_positive_number(self.min_rate) and self.min_rate <= (self.rate or 0)
         ):

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from ratejobs.headers import throttle_delay
+from ratejobs.headers import is_throttle, throttle_delay
 from ratejobs.limiter.config import LimiterConfig
 from ratejobs.limiter.errors import (
     LimiterError,
@@ -429,7 +429,7 @@ class LimiterBase:
         default_block: float,
     ) -> Steps:
         delay = throttle_delay(status_code, headers, now=time.time())
-        throttled = status_code == 429
+        throttled = is_throttle(status_code, delay)
         if throttled and delay is None:
             delay = default_block
         if not throttled and not delay:
@@ -447,7 +447,7 @@ class LimiterBase:
         args: list[int] = []
         for index, (grant, status_code, headers) in enumerate(responses):
             delay = throttle_delay(status_code, headers, now=now)
-            throttled = status_code == 429
+            throttled = is_throttle(status_code, delay)
             if throttled and delay is None:
                 delay = default_block
             if not throttled and not delay:

@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
@@ -181,7 +181,12 @@ def api_create(
     if credential:
         api.credential_encrypted = encrypt_secret(credential)
     api_validate(api=api, credential_given=True)
-    api.save()
+    try:
+        with transaction.atomic():  # a savepoint: the caller's transaction stays usable
+            api.save()
+    except IntegrityError:
+        # a concurrent create of the same name committed between the check and the insert
+        raise ValidationError({"name": [f"An API named {api.name!r} already exists."]}) from None
     if submitter_groups is not None:
         api.submitter_groups.set(submitter_groups)
     # robust: with Redis down the API is still saved; workers configure the limiter from

@@ -29,7 +29,7 @@ from ratejobs.execution.execute import (
 from ratejobs.execution.http import session_for_process
 from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.outcome import Decision
-from ratejobs.execution.request import HttpRequest, build_request
+from ratejobs.execution.request import HttpRequest, build_request, merge_headers
 from ratejobs.limiter import Grant, Limiter, LimiterError
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_limiter
@@ -192,7 +192,7 @@ def call_request(call: Call, api: Api, secret: str | None) -> HttpRequest:
         base_url=api.base_url,
         path=call.path,
         query=call.query,
-        headers={**api.default_headers, **(call.headers or {})},
+        headers=merge_headers(api.default_headers, call.headers or {}),
         body=call.body,
         credentials={api.auth_header: secret} if secret else None,
         **extra,

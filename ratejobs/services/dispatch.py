@@ -108,8 +108,10 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
                 if chosen.get(job.pk):
                     Job.objects.filter(pk=job.pk).update(dispatch_pass=job.dispatch_pass)
             Job.objects.filter(pk__in=list(chosen), status=Job.Status.QUEUED).update(
-                status=Job.Status.RUNNING, started=now
+                status=Job.Status.RUNNING
             )
+            # also a job paused before its first dispatch and resumed (running, never started)
+            Job.objects.filter(pk__in=list(chosen), started__isnull=True).update(started=now)
             size = calls_per_message(api)
             messages = [
                 (job_id, ids[start : start + size])

@@ -15,6 +15,7 @@ from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import Count, F, Min, Sum
 from django.utils import timezone
 
+from ratejobs.execution.request import merge_headers
 from ratejobs.execution.urls import check_headers, resolve_url, validate_method
 from ratejobs.models import Api, Call, Job, JobSecond
 from ratejobs.permissions import can_submit_to
@@ -90,8 +91,10 @@ def _call_fields_and_weight(*, api: Api, spec: Any) -> tuple[dict[str, Any], int
         ):
             errors["headers"] = "must be an object of header names to string values"
         else:
-            try:
-                check_headers(headers, protected={api.auth_header})
+            try:  # as they will be sent: under the API's default headers
+                check_headers(
+                    merge_headers(api.default_headers, headers), protected={api.auth_header}
+                )
             except ValueError as exc:
                 errors["headers"] = str(exc)
             header_bytes = sum(len(k) + len(v) for k, v in headers.items())
@@ -130,7 +133,14 @@ UNFINISHED = (Job.Status.QUEUED, Job.Status.RUNNING, Job.Status.PAUSED)
 OWNER_LOCK_NAMESPACE = 0x6A6F6273  # "jobs"
 
 
-def job_create(
+def job_create(**fields: Any) -> Job:
+    """job_submit() (same keyword arguments) for callers that need not tell a new job from a
+    replayed one."""
+    job, _ = job_submit(**fields)
+    return job
+
+
+def job_submit(
     *,
     owner: Any,
     api: Api,
@@ -139,23 +149,24 @@ def job_create(
     priority: int = 1,
     idempotency_key: str | None = None,
     max_calls: int | None = None,
-) -> Job:
+) -> tuple[Job, bool]:
     """Store a job and all its calls, or nothing: one transaction, rolled back on the first
-    invalid call (after collecting a few more errors) or when `calls` itself raises.
+    invalid call (after collecting a few more errors) or when `calls` itself raises. Returns
+    the job and whether it was made now (False: a replay of its idempotency key).
 
     `calls` is consumed once and stored in batches, so an upload of a million rows never sits
     in memory whole. With an idempotency key, a retry of the same request returns the job made
-    the first time.
+    the first time, also when the retries run at once: the key is checked again under the
+    owner's lock, before the owner's limits (which the first job may have just reached).
 
     The owner's limits hold for every way in (REST, admin, command line): at most
     RATEJOBS_MAX_ACTIVE_JOBS_PER_USER unfinished jobs, at most
     RATEJOBS_MAX_PENDING_CALLS_PER_USER calls not yet final over them, and at most `max_calls`
     calls in this job (RATEJOBS_MAX_CALLS_PER_REQUEST when not given).
     """
-    if idempotency_key:
-        existing = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
-        if existing is not None:
-            return existing
+    replayed = _job_with_key(owner, idempotency_key)
+    if replayed is not None:
+        return replayed, False
     if not can_submit_to(owner, api):
         raise PermissionDenied(
             f"You may not submit jobs to the API {api.name!r}: it takes jobs only from the "
@@ -166,6 +177,9 @@ def job_create(
     try:
         with transaction.atomic():
             _lock_owner(owner)
+            replayed = _job_with_key(owner, idempotency_key)
+            if replayed is not None:  # a concurrent request with the key committed first
+                return replayed, False
             allowed = _calls_allowed(owner, max_calls)
             job.dispatch_pass = _lowest_active_pass(api.pk)
             job.save()
@@ -176,10 +190,16 @@ def job_create(
             if job.total >= ANALYZE_AFTER_CALLS:
                 transaction.on_commit(_analyze_calls)
     except IntegrityError:
-        if idempotency_key:  # a concurrent request with the same key won the race
-            return Job.objects.get(owner=owner, idempotency_key=idempotency_key)
+        if idempotency_key:  # the same, where the owner's lock is not a database lock
+            return Job.objects.get(owner=owner, idempotency_key=idempotency_key), False
         raise
-    return job
+    return job, True
+
+
+def _job_with_key(owner: Any, idempotency_key: str | None) -> Job | None:
+    if not idempotency_key:
+        return None
+    return Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
 
 
 def _analyze_calls() -> None:

@@ -181,6 +181,67 @@ def test_an_idempotency_key_replay_returns_the_same_job_once(
     assert counts(other_user) == (1, 3)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_running_at_once_with_the_first_gets_its_job_with_200(
+    client_for, user, make_api, settings
+):
+    # given an owner allowed one unfinished job, and a first request with key "order-7"
+    # that has stored its job but not committed yet
+    import threading
+
+    from django.db import connection, transaction
+
+    from ratejobs.services.jobs import job_create
+
+    settings.RATEJOBS_MAX_ACTIVE_JOBS_PER_USER = 1
+    api = make_api()
+    stored, commit = threading.Event(), threading.Event()
+    made: dict[str, Job] = {}
+
+    def first_request() -> None:
+        try:
+            with transaction.atomic():
+                made["job"] = job_create(
+                    owner=user, api=api, name="first", calls=[{"path": "/x"}],
+                    idempotency_key="order-7",
+                )  # fmt: skip
+                stored.set()
+                commit.wait(10)
+        finally:
+            connection.close()
+
+    first = threading.Thread(target=first_request)
+    first.start()
+    assert stored.wait(10)
+    answers = []
+
+    def retry() -> None:
+        try:
+            answers.append(
+                client_for(user).post(
+                    "/api/jobs/",
+                    job_payload(api.name),
+                    format="json",
+                    HTTP_IDEMPOTENCY_KEY="order-7",
+                )  # fmt: skip
+            )
+        finally:
+            connection.close()
+
+    second = threading.Thread(target=retry)
+    second.start()
+    second.join(1.0)  # it waits for the first: the key is not committed yet
+    commit.set()
+    first.join(30)
+    second.join(30)
+    # expect: the retry gets the first's job as a replay: not a second job, not a 400 for
+    # the limit the first job reached, not a 201
+    [answer] = answers
+    assert answer.status_code == 200, answer.json()
+    assert answer.json()["id"] == made["job"].pk
+    assert Job.objects.filter(owner=user).count() == 1
+
+
 def test_a_malformed_idempotency_key_is_400(api_client, user, api):
     response = api_client.post(
         "/api/jobs/", job_payload(api.name), format="json", HTTP_IDEMPOTENCY_KEY="k" * 201
@@ -399,3 +460,21 @@ def test_token_and_session_auth_work(client_for, user, make_job):
     by_session = APIClient()
     assert by_session.login(username="alice", password="alice-password")
     assert by_session.get(f"/api/jobs/{job.pk}/").status_code == 200
+
+
+def test_a_calls_header_replaces_the_apis_default_of_the_same_name_whatever_its_case(
+    api_client, make_api
+):
+    # given an API that sends Accept: application/json by default
+    from ratejobs.services.calls import call_request
+
+    api = make_api(default_headers={"Accept": "application/json", "X-Team": "data"})
+    calls = [{"method": "GET", "path": "/report", "headers": {"accept": "text/csv"}}]
+    response = api_client.post("/api/jobs/", job_payload(api.name, calls), format="json")
+    # expect: accepted, and sent with the call's value once (both used to go, and every call
+    # of the job failed at run time with "header given twice")
+    assert response.status_code == 201, response.json()
+    call = Job.objects.get(pk=response.json()["id"]).calls.get()
+    headers = call_request(call, api, None).headers
+    assert [v for k, v in headers.items() if k.lower() == "accept"] == ["text/csv"]
+    assert headers["X-Team"] == "data"

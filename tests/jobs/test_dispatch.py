@@ -17,7 +17,7 @@ from project.celery import app
 from ratejobs.models import Call, Job
 from ratejobs.services.apis import api_create
 from ratejobs.services.dispatch import dispatch_api, dispatch_window
-from ratejobs.services.jobs import job_cancel, job_create, job_pause
+from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume
 from ratejobs.services.reconcile import reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -93,6 +93,21 @@ def test_a_paused_job_gives_its_place_to_the_others(broker, owner, unique_name):
     dispatch_api(api_id=api.pk)
     assert not Call.objects.filter(job=first, dispatched_at__isnull=False).exists()
     assert Call.objects.filter(job=second, dispatched_at__isnull=False).count() == 16
+
+
+def test_a_job_paused_before_its_first_dispatch_gets_its_start_when_it_runs(
+    broker, owner, unique_name
+):
+    # given a job paused before any call went out, then resumed
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=8)
+    job = job_create(owner=owner, api=api, name="paused early", calls=calls(20))
+    job_pause(job=job)
+    job_resume(job=job)
+    # when its first calls are dispatched
+    dispatch_api(api_id=api.pk)
+    # expect: it has a start, so its pace, ETA and chart count from there
+    job.refresh_from_db()
+    assert job.status == Job.Status.RUNNING and job.started is not None
 
 
 def test_reconciler_redispatches_calls_whose_message_was_lost(broker, owner, unique_name, settings):

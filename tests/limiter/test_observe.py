@@ -39,6 +39,26 @@ def test_429_with_retry_after_blocks_for_it_and_counts_as_throttle(make_limiter)
     assert 3.5 < feedback.blocked_for <= 4.0
 
 
+def test_a_403_with_a_throttle_hint_counts_as_a_throttle_as_a_429_does(make_limiter):
+    # GitHub's secondary rate limit: a 403 with Retry-After. It used to block without being
+    # counted, so neither the throttle count, the metric nor the adaptive rate saw it.
+    limiter = make_limiter(LimiterConfig(rate=100, adaptive=True))
+    feedback = limiter.observe(limiter.acquire(), 403, {"Retry-After": "2"})
+    assert feedback.accepted and feedback.rate_decreased
+    assert 1.5 < feedback.blocked_for <= 2.0
+    counts = limiter.state().counts
+    assert (counts.throttles, counts.decreases) == (1, 1)
+    # the batch path decides the same way
+    [batched] = limiter.observe_many([(limiter.acquire(max_wait=3), 403, {"Retry-After": "1"})])
+    assert batched is not None and limiter.state().counts.throttles == 2
+
+
+def test_a_403_without_a_hint_is_a_refusal_not_a_throttle(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=100, adaptive=True))
+    assert limiter.observe(limiter.acquire(), 403, {}) is None
+    assert limiter.state().counts.throttles == 0
+
+
 def test_429_without_hints_still_blocks_briefly(make_limiter):
     limiter = make_limiter(LimiterConfig(rate=100))
     feedback = limiter.observe(limiter.acquire(), 429, {}, default_block=0.75)
