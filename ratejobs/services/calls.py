@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
+import requests
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F, Q, Subquery
@@ -60,6 +61,7 @@ class ApiContext:
     credential_error: str | None
     limiter: Limiter
     policy: ExecutionPolicy
+    session: requests.Session  # the process's, for the outbound policy
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,10 @@ def api_context(api: Api) -> ApiContext:
         credential_error=error,
         limiter=api_limiter(api),
         policy=execution_policy(api),
+        session=session_for_process(
+            policy_for(settings.RATEJOBS_OUTBOUND_ALLOW),
+            pool_maxsize=settings.RATEJOBS_CALLS_IN_FLIGHT,
+        ),
     )
 
 
@@ -203,10 +209,11 @@ def call_attempt(claimed: Claimed) -> Outcome:
     """One attempt of a claimed call through its API's shared limiter. Touches no database,
     so any number of these run at once on a worker's threads."""
     call, context = claimed.call, claimed.context
+    api = call.job.api
     try:
         if context.credential_error is not None:
             raise ValueError(context.credential_error)
-        request = call_request(call, call.job.api, context.secret)
+        request = call_request(call, api, context.secret)
     except ValueError as exc:  # nothing can be sent: no attempt used
         if claimed.reserved is not None:
             with contextlib.suppress(LimiterError):  # else its lease expires by itself
@@ -214,14 +221,10 @@ def call_attempt(claimed: Claimed) -> Outcome:
         return outcome_without_response(
             Decision("failed", error=str(exc)), 0.0, call.attempts, call.throttled_count
         )
-    api = call.job.api
     return execute_call(
         request,
         limiter=context.limiter,
-        session=session_for_process(
-            policy_for(settings.RATEJOBS_OUTBOUND_ALLOW),
-            pool_maxsize=settings.RATEJOBS_CALLS_IN_FLIGHT,
-        ),
+        session=context.session,
         policy=context.policy,
         attempts=call.attempts + 1,
         throttled_retries=call.throttled_count,

@@ -56,7 +56,8 @@ def test_a_rate_per_second_outside_the_limiters_range_is_400(
     payload = api_payload(unique_name, rate=rate, period=period, min_rate=None)
     response = client_for(manager).post("/api/apis/", payload, format="json")
     assert response.status_code == 400, response.json()
-    assert "rate / period" in json_text(response) or "period / rate" in json_text(response)
+    errors = str(response.json())
+    assert "rate / period" in errors or "period / rate" in errors
     assert not Api.objects.filter(name=unique_name).exists()
 
 
@@ -109,10 +110,6 @@ def test_an_api_the_reconciler_cannot_dispatch_stops_only_itself(make_api, user,
     assert Call.objects.filter(job__api=broken, dispatched_at__isnull=False).count() == 0
     assert f"could not dispatch API {broken.pk}" in caplog.text
     assert result.apis == 2
-
-
-def json_text(response) -> str:
-    return str(response.json())
 
 
 def test_every_throttle_event_kind_the_admin_filters_by_is_one_ratejobs_writes():
