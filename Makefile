@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million
+.PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
+	chaos
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +22,11 @@ test: venv
 # WEB_HOST:WEB_PORT (127.0.0.1:8000; WEB_HOST=0.0.0.0 opens it to the network), two workers, beat, Flower on FLOWER_PORT (5555).
 demo: venv
 	$(PY) scripts/demo.py
+
+# The fault suite: a job per fault (worker killed, PostgreSQL and Redis restarted, Redis rolled
+# back, beat stopped, broker full) on private PostgreSQL and Redis; a few minutes. Run by .ci/run.
+chaos: venv
+	$(PY) -m bench.chaos
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -41,3 +47,8 @@ bench-slow: venv
 # page times while it runs (about 45 minutes on 2 cores; --calls N or --minutes M for less).
 bench-million: venv
 	$(PY) -m bench.million
+
+# Retention and a purge on a million calls and a million throttle events while a probe writes
+# as a worker does; PostgreSQL only (DATABASE_URL), a few minutes; --rows N for less.
+bench-retention: venv
+	$(PY) -m bench.retention

@@ -6,6 +6,8 @@ broker's messages, so losing Redis loses nothing.
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -65,6 +67,14 @@ class Api(models.Model):
     )
     default_headers = models.JSONField(default=dict, blank=True)
     auth_header = models.CharField(max_length=100, default="Authorization")
+    # Sent with the same value on every attempt of a call (retries, crashes, redispatches), so
+    # an API that deduplicates by it (Stripe's Idempotency-Key) acts on each call once.
+    idempotency_header = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="header carrying a key that is the same on every attempt of a call "
+        "(e.g. Idempotency-Key); empty: none sent",
+    )
     # A secret is either named by an environment variable of the workers, or stored encrypted
     # (Fernet); it is never stored, returned or logged in clear.
     credential_env = models.CharField(max_length=200, blank=True)
@@ -77,6 +87,10 @@ class Api(models.Model):
         help_text="only members of these groups (and managers) may submit jobs to this API; "
         "none: everyone who may sign in",
     )
+    # Bumped with every change of the limits; the limiter in Redis keeps the version it was
+    # configured with, and workers rewrite a configuration older than theirs (a Redis restored
+    # from an old snapshot, a change made while Redis was down): the database's limits win.
+    limits_version = models.PositiveBigIntegerField(default=1, editable=False)
     created = models.DateTimeField(auto_now_add=True)
     updated = models.DateTimeField(auto_now=True)
 
@@ -102,6 +116,7 @@ class Api(models.Model):
             max_concurrency=self.max_concurrency,
             adaptive=self.adaptive,
             min_rate=self.min_rate,
+            version=self.limits_version,
         )
 
 
@@ -134,9 +149,19 @@ class Job(models.Model):
     # job's pass by 1/priority, and the job with the lowest pass goes next.
     dispatch_pass = models.FloatField(default=0.0)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # With the call's index, the key an API's idempotency_header carries: unique across jobs
+    # and deployments, and the same on every attempt of a call.
+    uuid = models.UUIDField(default=uuid.uuid4, editable=False)
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
+    # Set when a purge begins (services.retention): the job leaves every list and page at once,
+    # while its calls are deleted in batches behind it; a purge left half-done is finished by
+    # beat or by running `purge_job` again.
+    purge_started = models.DateTimeField(null=True, blank=True, editable=False)
+    # Set once retention has cleared the response bodies of every call of the finished job, so
+    # later runs skip it; a retry of its failed calls clears it.
+    bodies_removed_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created"]
@@ -197,6 +222,9 @@ class Call(models.Model):
     response_headers = models.JSONField(null=True, blank=True)
     response_body = models.BinaryField(null=True, blank=True)
     response_truncated = models.BooleanField(default=False)
+    # When retention cleared the stored response body and headers (RATEJOBS_KEEP_BODIES_DAYS),
+    # so that pages say they were removed rather than show a call that got nothing back.
+    response_removed_at = models.DateTimeField(null=True, blank=True, editable=False)
     error = models.TextField(blank=True)
     duration = models.FloatField(null=True, blank=True, help_text="seconds of the last request")
     created = models.DateTimeField(auto_now_add=True)

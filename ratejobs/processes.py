@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 
 
 def stop_process_group(process: subprocess.Popen, timeout: float) -> None:
@@ -24,7 +25,20 @@ def stop_process_group(process: subprocess.Popen, timeout: float) -> None:
 def child_pids(pid: int) -> list[int]:
     """The live direct children of `pid` (a Celery prefork pool's processes), read from /proc
     rather than from a `ps` found on PATH."""
-    children = []
+    return sorted(entry for entry, fields in _processes() if int(fields[1]) == pid)
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The running processes of process group `pgid`, zombies left out: what is left of a
+    group whose leader was killed (a Celery worker's orphaned pool processes)."""
+    return sorted(
+        entry for entry, fields in _processes() if int(fields[2]) == pgid and fields[0] != b"Z"
+    )
+
+
+def _processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's pid and the fields of its /proc/<pid>/stat after the command name
+    (state, ppid, pgrp, ...)."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -34,6 +48,4 @@ def child_pids(pid: int) -> list[int]:
                 fields = stat.read().rpartition(b")")[2].split()
         except OSError:  # it ended while we looked
             continue
-        if int(fields[1]) == pid:
-            children.append(int(entry))
-    return sorted(children)
+        yield int(entry), fields

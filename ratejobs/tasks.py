@@ -7,13 +7,27 @@ shows which job it belongs to and, in its argsrepr, how many calls it carries.
 from __future__ import annotations
 
 from celery import shared_task
+from django.db import InterfaceError, OperationalError
 
 from ratejobs.services import dispatch as dispatching
 from ratejobs.services import reconcile as reconciling
+from ratejobs.services import retention
 from ratejobs.services.engine import calls_start
 
 
-@shared_task(name=dispatching.EXECUTE_CALLS_TASK, acks_late=True, reject_on_worker_lost=True)
+# A database restart fails the claim; a message acknowledged as failed would leave its calls in
+# the window until RATEJOBS_STALE_DISPATCH_SECONDS (minutes), so it is sent again after 1, 2, 4,
+# 8, 8 and 8 s instead. Claims make the second run safe: calls it finds taken are skipped.
+@shared_task(
+    name=dispatching.EXECUTE_CALLS_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    autoretry_for=(OperationalError, InterfaceError),
+    retry_backoff=1,
+    retry_backoff_max=8,
+    retry_jitter=False,
+    max_retries=6,
+)
 def execute_calls(job_id: int, call_ids: list[int]) -> int:
     return calls_start(job_id=job_id, call_ids=call_ids)
 
@@ -35,3 +49,18 @@ def reconcile() -> dict[str, int]:
         "completed_jobs": result.completed_jobs,
         "apis": result.apis,
     }
+
+
+@shared_task(name=retention.RETENTION_TASK)
+def retention_run() -> dict[str, int]:
+    result = retention.retention_run()
+    return {
+        "purged_rows": result.purged.rows,
+        "events": result.events.rows,
+        "bodies": result.bodies.rows,
+    }
+
+
+@shared_task(name=retention.PURGE_TASK)
+def purge_jobs() -> int:
+    return retention.purge_run().rows

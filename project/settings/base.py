@@ -133,6 +133,8 @@ CELERY_TASK_QUEUES = [Queue("celery"), Queue("ratejobs.control")]
 CELERY_TASK_ROUTES = {
     "ratejobs.dispatch": {"queue": "ratejobs.control"},
     "ratejobs.reconcile": {"queue": "ratejobs.control"},
+    "ratejobs.retention": {"queue": "ratejobs.control"},
+    "ratejobs.purge_jobs": {"queue": "ratejobs.control"},
 }
 # Celery's Django fixup closes the database connection around every task unless this is set;
 # project/celery.py closes unusable and old connections around each task instead, as Django
@@ -187,10 +189,19 @@ RATEJOBS_RECONCILE_INTERVAL = env.float("RATEJOBS_RECONCILE_INTERVAL", default=3
 # A dispatched call not started after this long lost its broker message (Redis restart).
 RATEJOBS_STALE_DISPATCH_SECONDS = env.float("RATEJOBS_STALE_DISPATCH_SECONDS", default=120.0)
 
+# Days throttle events, and the response bodies and headers stored on calls of finished jobs,
+# are kept; 0 keeps them for ever. Beat removes older ones in batches (services.retention).
+RATEJOBS_KEEP_EVENTS_DAYS = env.int("RATEJOBS_KEEP_EVENTS_DAYS", default=30)
+RATEJOBS_KEEP_BODIES_DAYS = env.int("RATEJOBS_KEEP_BODIES_DAYS", default=30)
+# Seconds between retention runs: each works a minute at most, and also finishes purges whose
+# task was lost or whose worker died halfway.
+RATEJOBS_RETENTION_INTERVAL = 10 * 60
+
 # The reconciler is a safety net run by `celery -A project beat`, not the engine: workers alone
 # run jobs to completion.
 CELERY_BEAT_SCHEDULE = {
-    "ratejobs-reconcile": {"task": "ratejobs.reconcile", "schedule": RATEJOBS_RECONCILE_INTERVAL}
+    "ratejobs-reconcile": {"task": "ratejobs.reconcile", "schedule": RATEJOBS_RECONCILE_INTERVAL},
+    "ratejobs-retention": {"task": "ratejobs.retention", "schedule": RATEJOBS_RETENTION_INTERVAL},
 }
 
 # --- REST API (ratejobs/api/) ---------------------------------------------------------------
@@ -232,6 +243,22 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Path parameters as the routes' converters take them (anything else is a 404): ids and
+    # indexes up to the largest a 64-bit column holds, names as slugs.
+    "PATH_CONVERTER_OVERRIDES": {
+        "int": {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+        "slug": {"type": "string", "pattern": "^[-a-zA-Z0-9_]+$"},
+    },
+    # A job's status shows in a job and in a 409, a call's in a call: one enum each.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "ratejobs.models.Job.Status",
+        "CallStatusEnum": "ratejobs.models.Call.Status",
+    },
+    # Every operation lists the errors it can answer, with the API's error body.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "ratejobs.api.schema.add_error_responses",
+    ],
 }
 
 # --- Request size and rate ---------------------------------------------------------------

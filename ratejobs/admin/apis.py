@@ -125,6 +125,7 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
                 "fields": (
                     "default_headers",
                     "auth_header",
+                    "idempotency_header",
                     "credential_status",
                     "credential",
                     "clear_credential",

@@ -10,8 +10,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from ratejobs.admin.access import ReadOnlyStaffAccess, sees_every_job
+from ratejobs.admin.jobs import moment_text
 from ratejobs.models import Call, ThrottleEvent
-from ratejobs.selectors.jobs import CALL_LIST_DEFERRED, response_body_text
+from ratejobs.selectors.jobs import CALL_LIST_DEFERRED, response_body_text, response_removed_text
 
 
 def pretty_body(body: bytes | memoryview | None, *, truncated: bool) -> tuple[str, str]:
@@ -85,6 +86,13 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
 
     @admin.display(description="response body")
     def response_view(self, call: Call) -> str:
+        removed = response_removed_text(call)
+        if call.response_body is None and removed is not None:
+            return format_html(
+                '<div class="rj-body-meta">body and headers {}, on {}</div>',
+                removed,
+                moment_text(call.response_removed_at),
+            )
         if call.response_body is None:
             return "—"
         kind, text = pretty_body(call.response_body, truncated=call.response_truncated)

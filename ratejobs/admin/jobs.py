@@ -1,4 +1,4 @@
-"""Jobs in the admin: submit one, follow its progress and pace, see its 429s, act on it."""
+"""Jobs in the admin: submit one, follow its progress, pace and 429s, act on it, purge it."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -40,6 +42,7 @@ from ratejobs.services.jobs import (
     job_actions_allowed,
     job_create,
 )
+from ratejobs.services.retention import JobPurgeRefused, job_purge_refusal, job_purge_request
 from ratejobs.uploads import UploadError
 
 EVENTS_PER_PAGE = 20
@@ -128,6 +131,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     show_full_result_count = False
     ordering = ("-created",)
     change_form_template = "admin/ratejobs/job/change_form.html"
+    actions = ["purge_selected"]
     # Status, counters and timings live in the progress box above, which keeps itself current.
     readonly_fields = ("name", "api", "owner", "priority", "created")
     fields = readonly_fields
@@ -137,12 +141,20 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         jobs = super().get_queryset(request).select_related("api", "owner")
+        jobs = jobs.filter(purge_started__isnull=True)  # one being purged is gone already
         if not sees_every_job(request):
             jobs = jobs.filter(owner=request.user)
         return jobs
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        # Django's bulk delete loads every call of a job, bodies and all, and deletes them in
+        # one long transaction; a purge goes in short batches instead.
+        actions.pop("delete_selected", None)
+        return actions
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         if sees_every_job(request):
@@ -288,3 +300,63 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
                 progress_url=reverse("admin:ratejobs_job_progress", args=[job.pk]),
             )
         return super().change_view(request, object_id, form_url, extra_context=context)
+
+    # --- purging -------------------------------------------------------------------------
+
+    @admin.action(permissions=["delete"], description="Purge selected finished jobs")
+    def purge_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        jobs = list(queryset)
+        if request.POST.get("post") != "yes":
+            return self._purge_confirmation(request, jobs, action="purge_selected")
+        self._purge(request, jobs)
+        return None  # back to the list
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: dict | None = None
+    ) -> HttpResponse:
+        """The change page's Delete: a purge, as the action does, for the same reason."""
+        job = self.get_object(request, unquote(object_id))
+        if not self.has_delete_permission(request, job):
+            raise PermissionDenied
+        if job is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if request.method != "POST" or request.POST.get("post") != "yes":
+            return self._purge_confirmation(request, [job], action=None)
+        if self._purge(request, [job]):
+            return HttpResponseRedirect(reverse("admin:ratejobs_job_changelist"))
+        return HttpResponseRedirect(reverse("admin:ratejobs_job_change", args=[job.pk]))
+
+    def _purge(self, request: HttpRequest, jobs: list[Job]) -> int:
+        """Ask for the purge of each job; say which went and why the others did not."""
+        purged = 0
+        for job in jobs:
+            try:
+                job_purge_request(job=job)
+            except JobPurgeRefused as exc:
+                self.message_user(request, f"{job}: {exc}", messages.WARNING)
+            else:
+                purged += 1
+        if purged:
+            self.message_user(
+                request,
+                f"{purged} job(s) purged: gone from every list now; their calls, throttle events "
+                "and counts are deleted in the background, a few thousand rows at a time.",
+                messages.SUCCESS,
+            )
+        return purged
+
+    def _purge_confirmation(
+        self, request: HttpRequest, jobs: list[Job], action: str | None
+    ) -> TemplateResponse:
+        refusals = [(job, job_purge_refusal(job)) for job in jobs]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Purge jobs" if action else f"Purge {jobs[0]}",
+            "opts": self.opts,
+            "single": None if action else jobs[0],
+            "purgeable": [job for job, refusal in refusals if refusal is None],
+            "refused": [(job, refusal) for job, refusal in refusals if refusal is not None],
+            "action": action,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        return TemplateResponse(request, "admin/ratejobs/job/purge_confirmation.html", context)

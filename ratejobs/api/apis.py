@@ -8,14 +8,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib.auth.models import Group
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ratejobs.api.serializers import StrictInputSerializer
+from ratejobs.api.serializers import NameField, StrictInputSerializer
 from ratejobs.execution.request import MASK
+from ratejobs.execution.urls import HEADER_NAME_PATTERN
 from ratejobs.limiter.config import MAX_BURST, MAX_CONCURRENCY, MAX_PERIOD, MAX_RATE
 from ratejobs.models import (
     MAX_ATTEMPTS,
@@ -29,6 +30,12 @@ from ratejobs.models import (
 from ratejobs.permissions import can_manage_apis
 from ratejobs.selectors.apis import api_get, api_limiter_readings, api_list
 from ratejobs.services.apis import api_create, api_update
+
+IDEMPOTENCY_HEADER_HELP = (
+    "header sent with the same key on every attempt of a call (job uuid and call index), so an "
+    "API that deduplicates by it (Stripe's Idempotency-Key) acts on each call once; a call's own "
+    "header of that name wins; empty: none sent"
+)
 
 
 class LimiterStateSerializer(serializers.Serializer):
@@ -65,6 +72,7 @@ class ApiOutputSerializer(serializers.Serializer):
     timeout = serializers.FloatField()
     default_headers = serializers.SerializerMethodField()
     auth_header = serializers.CharField()
+    idempotency_header = serializers.CharField(help_text=IDEMPOTENCY_HEADER_HELP)
     credential_env = serializers.CharField()
     has_credential = serializers.BooleanField()
     submitter_groups = serializers.SerializerMethodField(
@@ -95,12 +103,37 @@ class ApiOutputSerializer(serializers.Serializer):
         return self.context["readings"][api.pk].error
 
 
+# What every base URL the services take looks like (they check more: a host that resolves
+# where the outbound policy allows, a port in range, no dot segments), for the schema and for a
+# quick 400: http(s), and no spaces, backslashes, control characters, query or fragment.
+BASE_URL_SHAPE = r"^[Hh][Tt][Tt][Pp][Ss]?://[^\x00-\x20\x7f\\?#]+\Z"
+# A credential's environment variable: a C identifier (or empty for none, allow_blank).
+CREDENTIAL_ENV_SHAPE = r"^[A-Za-z_][A-Za-z0-9_]*\Z"
+
+
+def _shaped(column: str, pattern: str, invalid: str, **kwargs: Any) -> serializers.RegexField:
+    """A text field of the pattern (the schema shows it), as long as the model's column."""
+    return serializers.RegexField(
+        pattern,
+        max_length=Api._meta.get_field(column).max_length,
+        trim_whitespace=False,  # spaces around it are refused, as the pattern says, not trimmed
+        error_messages={"invalid": invalid},
+        **kwargs,
+    )
+
+
+def _base_url_field(**kwargs: Any) -> serializers.RegexField:
+    return _shaped(
+        "base_url", BASE_URL_SHAPE, "must be an http:// or https:// URL without a query", **kwargs
+    )
+
+
 class ApiUpdateInputSerializer(StrictInputSerializer):
     """Fields left out keep their value; the services check the values."""
 
     # The bounds are documented in the schema; the model's validators enforce them (and
     # rate / period within the limiter's range) for every way in.
-    base_url = serializers.CharField(required=False)
+    base_url = _base_url_field(required=False)
     rate = serializers.FloatField(required=False, min_value=MIN_RATE, max_value=MAX_RATE)
     period = serializers.FloatField(required=False, min_value=MIN_PERIOD, max_value=MAX_PERIOD)
     burst = serializers.IntegerField(required=False, min_value=1, max_value=MAX_BURST)
@@ -119,10 +152,28 @@ class ApiUpdateInputSerializer(StrictInputSerializer):
     default_headers = serializers.DictField(
         child=serializers.CharField(trim_whitespace=False, allow_blank=True), required=False
     )
-    auth_header = serializers.CharField(required=False)
-    credential_env = serializers.CharField(required=False, allow_blank=True)
-    submitter_groups = serializers.SlugRelatedField(
-        slug_field="name",
+    auth_header = _shaped(
+        "auth_header",
+        HEADER_NAME_PATTERN,
+        "must be a header name (an HTTP token)",
+        required=False,
+    )
+    idempotency_header = _shaped(
+        "idempotency_header",
+        HEADER_NAME_PATTERN,
+        "must be a header name (an HTTP token), or empty for none",
+        required=False,
+        allow_blank=True,
+        help_text=IDEMPOTENCY_HEADER_HELP,
+    )
+    credential_env = _shaped(
+        "credential_env",
+        CREDENTIAL_ENV_SHAPE,
+        "must be an environment variable's name",
+        required=False,
+        allow_blank=True,
+    )
+    submitter_groups = NameField(
         many=True,
         required=False,
         queryset=Group.objects.all(),
@@ -140,8 +191,12 @@ class ApiUpdateInputSerializer(StrictInputSerializer):
 
 
 class ApiCreateInputSerializer(ApiUpdateInputSerializer):
-    name = serializers.CharField(help_text="a slug; also the shared limiter's name")
-    base_url = serializers.CharField()
+    name = serializers.SlugField(
+        max_length=Api._meta.get_field("name").max_length,
+        trim_whitespace=False,
+        help_text="a slug; also the shared limiter's name",
+    )
+    base_url = _base_url_field()
     rate = serializers.FloatField(
         help_text="requests per period", min_value=MIN_RATE, max_value=MAX_RATE
     )
@@ -187,7 +242,23 @@ class ApiListCreateView(_ManagerWrites, generics.GenericAPIView):
         page = self.paginate_queryset(api_list().prefetch_related("submitter_groups"))
         return self.get_paginated_response(_represent(request, page))
 
-    @extend_schema(request=ApiCreateInputSerializer, responses={201: ApiOutputSerializer})
+    @extend_schema(
+        request=ApiCreateInputSerializer,
+        responses={201: ApiOutputSerializer},
+        examples=[
+            OpenApiExample(
+                "an API allowing 5,000 requests an hour",
+                value={
+                    "name": "example",
+                    "base_url": "https://api.example.com/v1",
+                    "rate": 5000,
+                    "period": 3600,
+                    "burst": 50,
+                },
+                request_only=True,
+            )
+        ],
+    )
     def post(self, request: Request) -> Response:
         """Create an API (managers only). `credential` is stored encrypted and never returned."""
         serializer = ApiCreateInputSerializer(data=request.data)

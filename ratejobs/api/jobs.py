@@ -11,8 +11,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
+    OpenApiExample,
     OpenApiParameter,
     OpenApiResponse,
     extend_schema,
@@ -26,10 +28,11 @@ from rest_framework.views import APIView
 
 from ratejobs.api.errors import Conflict
 from ratejobs.api.parsers import JobJSONParser, JsonCalls, JsonLinesParser, upload_calls
-from ratejobs.api.serializers import StrictInputSerializer
+from ratejobs.api.serializers import NameField, StrictInputSerializer
 from ratejobs.api.throttles import JobCreateThrottle
 from ratejobs.execution.urls import ALLOWED_METHODS
-from ratejobs.models import Api, Call, Job, ThrottleEvent
+from ratejobs.models import MAX_PRIORITY, Api, Call, Job, ThrottleEvent
+from ratejobs.permissions import may_delete_records
 from ratejobs.selectors.jobs import (
     call_get_for_job,
     call_list_for_job,
@@ -40,87 +43,143 @@ from ratejobs.selectors.jobs import (
     response_body_text,
     throttle_event_list_for_job,
 )
-from ratejobs.services.jobs import CallsInvalid, JobActionRefused, job_act, job_submit
+from ratejobs.services.jobs import (
+    CallsInvalid,
+    JobActionRefused,
+    calls_check,
+    job_act,
+    job_submit,
+)
+from ratejobs.services.retention import JobPurgeRefused, job_purge_request
 from ratejobs.uploads import NumberedCalls, UploadError
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
-# Printable ASCII, as long as the column holding it.
-_IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+# An API's name, a slug (Django's own pattern, with the schema's `$`: matched with fullmatch).
+API_NAME_SHAPE = "^[-a-zA-Z0-9_]+$"
+# Printable ASCII, as long as the column holding it (also the schema's pattern, hence `$`: the
+# key is matched whole with fullmatch).
+IDEMPOTENCY_KEY_PATTERN = r"^[\x21-\x7e]{1,200}$"
+# Anything but control characters, backslashes and a fragment, what every call's path the
+# service takes looks like (it checks more: no other host, no climbing out of the base path).
+CALL_PATH_SHAPE = r"^[^\x00-\x1f\x7f\\#]+$"
 
 
 # -- serializers ---------------------------------------------------------------------------
 
 
+# The bounds of the numbers a job, a call and an event show are what their columns guarantee.
 class JobOutputSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = serializers.IntegerField(min_value=1)
+    uuid = serializers.UUIDField(
+        read_only=True,
+        help_text="the key an API's idempotency_header carries for a call is <uuid>-<index>",
+    )
     name = serializers.CharField()
     api = serializers.CharField(source="api.name", help_text="the API's name")
     status = serializers.ChoiceField(choices=Job.Status.choices)
-    priority = serializers.IntegerField()
-    total = serializers.IntegerField()
-    succeeded = serializers.IntegerField()
-    failed = serializers.IntegerField()
-    cancelled = serializers.IntegerField()
-    throttled = serializers.IntegerField(help_text="429 responses received")
-    retries = serializers.IntegerField()
-    progress = serializers.FloatField(help_text="share of calls finished, 0 to 1")
+    priority = serializers.IntegerField(min_value=1, max_value=MAX_PRIORITY)
+    total = serializers.IntegerField(min_value=0)
+    succeeded = serializers.IntegerField(min_value=0)
+    failed = serializers.IntegerField(min_value=0)
+    cancelled = serializers.IntegerField(min_value=0)
+    throttled = serializers.IntegerField(min_value=0, help_text="429 responses received")
+    retries = serializers.IntegerField(min_value=0)
+    progress = serializers.FloatField(
+        min_value=0, max_value=1, help_text="share of calls finished, 0 to 1"
+    )
     created = serializers.DateTimeField()
     started = serializers.DateTimeField(allow_null=True)
     finished = serializers.DateTimeField(allow_null=True)
 
 
-class CallSpecSerializer(serializers.Serializer):
-    """One call of a new job, documentation only: job_create checks each call itself."""
+class CallSpecSerializer(StrictInputSerializer):
+    """One call of a new job, documentation only: job_create checks each call itself, unknown
+    fields included (hence strict: `additionalProperties: false`)."""
 
     method = serializers.ChoiceField(choices=sorted(ALLOWED_METHODS), default="GET")
-    path = serializers.CharField(help_text="relative to the API's base URL; never a full URL")
-    query = serializers.DictField(required=False)
+    path = serializers.RegexField(
+        CALL_PATH_SHAPE, help_text="relative to the API's base URL; never a full URL"
+    )
+    query = serializers.DictField(
+        required=False, allow_null=True, help_text="names to values; a list repeats the name"
+    )
     headers = serializers.DictField(
         child=serializers.CharField(),
         required=False,
+        allow_null=True,
         help_text="may not override the API's credential header or Authorization",
     )
     json = serializers.JSONField(required=False, help_text="a JSON body (not with body)")
-    body = serializers.CharField(required=False, help_text="a text body (not with json)")
+    body = serializers.CharField(
+        required=False, allow_null=True, help_text="a text body (not with json)"
+    )
 
 
-@extend_schema_field(CallSpecSerializer(many=True))
 class CallSpecListField(serializers.Field):
     """The list of calls, passed on as given: the job_create service validates every call and
     names the bad ones by index (a DRF serializer per call would be slow for 100,000 calls)."""
 
-    default_error_messages = {"not_a_list": "Expected a list of calls."}
+    default_error_messages = {
+        "not_a_list": "Expected a list of calls.",
+        "empty": "a job needs at least one call",
+    }
 
     def to_internal_value(self, data: Any) -> list[Any] | JsonCalls:
         # JsonCalls: the list as JobJSONParser passes it on, counted and built one at a time.
         if not isinstance(data, list | JsonCalls):
             self.fail("not_a_list")
+        if not len(data):  # here too, so that an Idempotency-Key never replays such a body
+            self.fail("empty")
         return data
 
 
-class JobCreateInputSerializer(StrictInputSerializer):
-    api = serializers.SlugRelatedField(
-        slug_field="name",
-        queryset=Api.objects.all(),
-        error_messages={"does_not_exist": 'No API named "{value}".'},
-        help_text="the API's name",
-    )
-    name = serializers.CharField()
-    priority = serializers.IntegerField(required=False, help_text="1 (default) to 10")
-    calls = CallSpecListField()
+@extend_schema_field(
+    {
+        "type": "string",
+        "pattern": API_NAME_SHAPE,
+        "maxLength": Api._meta.get_field("name").max_length,
+        "description": "the API's name",
+    }
+)
+class ApiNameField(NameField):
+    """An API by its name: a slug, as the schema says (any other name is one no API has)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(
+            shape=API_NAME_SHAPE,
+            queryset=Api.objects.all(),
+            error_messages={"does_not_exist": 'No API named "{value}".'},
+            **kwargs,
+        )
 
 
 class JobUploadParamsSerializer(StrictInputSerializer):
     """The query parameters of an upload: the job's fields other than its calls."""
 
-    api = serializers.SlugRelatedField(
-        slug_field="name",
-        queryset=Api.objects.all(),
-        error_messages={"does_not_exist": 'No API named "{value}".'},
-        help_text="the API's name",
+    api = ApiNameField()
+    # \S: a name of spaces only is blank once trimmed
+    name = serializers.RegexField(
+        r"\S", max_length=Job._meta.get_field("name").max_length, help_text="the job's name"
     )
-    name = serializers.CharField(help_text="the job's name")
-    priority = serializers.IntegerField(required=False, help_text="1 (default) to 10")
+    priority = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_PRIORITY, help_text="1 (default) to 10"
+    )
+
+
+class JobCreateInputSerializer(JobUploadParamsSerializer):
+    """A new job: its fields and its calls."""
+
+    calls = CallSpecListField()
+
+
+class CallSpecListSchema(OpenApiSerializerFieldExtension):
+    """At least one call (job_create refuses a job without); each a CallSpec."""
+
+    target_class = CallSpecListField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        call = auto_schema.resolve_serializer(CallSpecSerializer, direction).ref
+        return {"type": "array", "items": call, "minItems": 1}
 
 
 class StatusFilterSerializer(serializers.Serializer):
@@ -132,23 +191,30 @@ class StatusFilterSerializer(serializers.Serializer):
 class CallOutputSerializer(serializers.Serializer):
     """A call without anything that could carry the API's credential: its own headers only."""
 
-    id = serializers.IntegerField()
-    index = serializers.IntegerField()
+    id = serializers.IntegerField(min_value=1)
+    index = serializers.IntegerField(min_value=0)
     method = serializers.CharField()
     path = serializers.CharField()
     query = serializers.JSONField(allow_null=True)
     headers = serializers.JSONField(allow_null=True, help_text="the call's own headers")
     status = serializers.ChoiceField(choices=Call.Status.choices)
-    attempts = serializers.IntegerField()
-    throttled_count = serializers.IntegerField()
+    attempts = serializers.IntegerField(min_value=0)
+    throttled_count = serializers.IntegerField(min_value=0)
     next_attempt_at = serializers.DateTimeField(allow_null=True)
-    status_code = serializers.IntegerField(allow_null=True)
+    status_code = serializers.IntegerField(allow_null=True, min_value=100, max_value=999)
     error = serializers.CharField()
-    duration = serializers.FloatField(allow_null=True, help_text="seconds of the last request")
+    duration = serializers.FloatField(
+        allow_null=True, min_value=0, help_text="seconds of the last request"
+    )
     response_truncated = serializers.BooleanField()
     response_body = serializers.SerializerMethodField(
         help_text="UTF-8 text, or base64 when response_body_base64 is true; null when there is "
-        "none or, in a list, when response_body_omitted is true"
+        "none, when response_removed_at is set or, in a list, when response_body_omitted is true"
+    )
+    response_removed_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="when retention removed the stored response body and headers "
+        "(RATEJOBS_KEEP_BODIES_DAYS after the job finished); null: not removed",
     )
     response_body_base64 = serializers.SerializerMethodField()
     response_body_omitted = serializers.SerializerMethodField(
@@ -184,20 +250,30 @@ class CallOutputSerializer(serializers.Serializer):
         return bodies is not None and call.response_body_bytes is not None and call.pk not in bodies
 
 
+class ConflictSerializer(serializers.Serializer):
+    """A 409: the action and the job's status do not go together."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    status = serializers.ChoiceField(choices=Job.Status.choices, help_text="the job's status")
+
+
 class ThrottleEventOutputSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
+    id = serializers.IntegerField(min_value=1)
     kind = serializers.ChoiceField(choices=ThrottleEvent.Kind.choices)
-    call = serializers.IntegerField(source="call_id", allow_null=True)
-    status_code = serializers.IntegerField(allow_null=True)
-    retry_after = serializers.FloatField(allow_null=True, help_text="seconds")
-    rate_before = serializers.FloatField(allow_null=True)
-    rate_after = serializers.FloatField(allow_null=True)
+    call = serializers.IntegerField(source="call_id", allow_null=True, min_value=1)
+    status_code = serializers.IntegerField(allow_null=True, min_value=100, max_value=999)
+    retry_after = serializers.FloatField(allow_null=True, min_value=0, help_text="seconds")
+    rate_before = serializers.FloatField(allow_null=True, min_value=0)
+    rate_after = serializers.FloatField(allow_null=True, min_value=0)
     created = serializers.DateTimeField()
 
 
 def _status_filter(request: Request, choices: Any) -> str | None:
     """The `?status=` of the request, if any; a 400 when it is not one of `choices`."""
-    filters = StatusFilterSerializer(data=request.query_params, choices=choices)
+    # A plain dict: DRF reads a QueryDict as a form, where an empty `?status=` means "not given".
+    given = {"status": request.query_params["status"]} if "status" in request.query_params else {}
+    filters = StatusFilterSerializer(data=given, choices=choices)
     filters.is_valid(raise_exception=True)
     return filters.validated_data.get("status")
 
@@ -209,7 +285,7 @@ def _status_parameter(choices: Any) -> OpenApiParameter:
 def _idempotency_key(request: Request) -> str | None:
     """The request's Idempotency-Key, if any; a 400 when it is malformed."""
     key = request.headers.get(IDEMPOTENCY_HEADER)
-    if key is not None and not _IDEMPOTENCY_KEY.match(key):
+    if key is not None and not re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key):
         raise serializers.ValidationError(
             {IDEMPOTENCY_HEADER: ["1 to 200 printable ASCII characters, no spaces."]}
         )
@@ -218,12 +294,19 @@ def _idempotency_key(request: Request) -> str | None:
 
 _IDEMPOTENCY_PARAMETER = OpenApiParameter(
     IDEMPOTENCY_HEADER,
-    str,
+    {"type": "string", "pattern": IDEMPOTENCY_KEY_PATTERN},
     OpenApiParameter.HEADER,
     description="a retry with the same key returns the first job (200) instead of making another",
 )
 _THROTTLED = OpenApiResponse(
     description="more jobs created than RATEJOBS_JOB_CREATE_RATE allows; see Retry-After"
+)
+_RETRY_AFTER = OpenApiParameter(
+    "Retry-After",
+    {"type": "integer", "minimum": 0},
+    OpenApiParameter.HEADER,
+    response=[429],
+    description="seconds until you may create a job again",
 )
 
 
@@ -270,7 +353,21 @@ class JobListCreateView(_JobCreateThrottled, generics.GenericAPIView):
 
     @extend_schema(
         request=JobCreateInputSerializer,
-        parameters=[_IDEMPOTENCY_PARAMETER],
+        parameters=[_IDEMPOTENCY_PARAMETER, _RETRY_AFTER],
+        examples=[
+            OpenApiExample(
+                "two calls to the API named example",
+                value={
+                    "api": "example",
+                    "name": "nightly sync",
+                    "calls": [
+                        {"method": "GET", "path": "/users/1", "query": {"fields": "name"}},
+                        {"method": "POST", "path": "/users", "json": {"name": "Ada"}},
+                    ],
+                },
+                request_only=True,
+            )
+        ],
         responses={
             201: JobOutputSerializer,
             200: OpenApiResponse(JobOutputSerializer, "replay of an Idempotency-Key"),
@@ -292,15 +389,18 @@ class JobListCreateView(_JobCreateThrottled, generics.GenericAPIView):
         `POST /api/jobs/upload/` as JSON lines.
 
         With an `Idempotency-Key` header, a retry with a key you already used returns that
-        first job with 200 (whatever the new body says) and stores nothing."""
+        first job with 200 and stores nothing: the new body is not compared with the first
+        one, but a body that could not make a job is a 400 all the same."""
         key = _idempotency_key(request)
-        data = request.data  # parsing first: an oversize body is a 413 even when replayed
+        # A replay answers only a request that is one: too large is a 413, malformed a 400.
+        serializer = JobCreateInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
         if key is not None:
             existing = job_get_by_idempotency_key(owner=request.user, key=key)
             if existing is not None:
+                fields = serializer.validated_data
+                calls_check(api=fields["api"], calls=fields["calls"])
                 return Response(JobOutputSerializer(existing).data, status=status.HTTP_200_OK)
-        serializer = JobCreateInputSerializer(data=data)
-        serializer.is_valid(raise_exception=True)
         job, created = job_submit(
             owner=request.user, idempotency_key=key, **serializer.validated_data
         )
@@ -316,13 +416,9 @@ class JobUploadView(_JobCreateThrottled, APIView):
 
     @extend_schema(
         operation_id="jobs_upload",
-        request={JsonLinesParser.media_type: OpenApiTypes.STR},
-        parameters=[
-            OpenApiParameter("api", str, required=True, description="the API's name"),
-            OpenApiParameter("name", str, required=True, description="the job's name"),
-            OpenApiParameter("priority", int, description="1 (default) to 10"),
-            _IDEMPOTENCY_PARAMETER,
-        ],
+        # bytes: JSON lines are read line by line, their errors reported by line number
+        request={JsonLinesParser.media_type: OpenApiTypes.BINARY},
+        parameters=[JobUploadParamsSerializer, _IDEMPOTENCY_PARAMETER, _RETRY_AFTER],
         responses={
             201: JobOutputSerializer,
             200: OpenApiResponse(JobOutputSerializer, "replay of an Idempotency-Key"),
@@ -390,6 +486,33 @@ class JobDetailView(APIView):
         """One job with its progress."""
         return Response(JobOutputSerializer(job_get_for_user(request.user, job_id)).data)
 
+    @extend_schema(
+        request=None,
+        responses={
+            202: OpenApiResponse(
+                description="purge under way: the job is gone from every route at once"
+            ),
+            403: OpenApiResponse(description="only a superuser may purge a job"),
+            404: OpenApiResponse(description="no such job, or not one you may see"),
+            409: OpenApiResponse(
+                description="the job is not finished (queued, running, paused), or calls of "
+                "it are still being sent"
+            ),
+        },
+    )
+    def delete(self, request: Request, job_id: int) -> Response:
+        """Purge a completed or cancelled job: the job, its calls (with their response bodies),
+        throttle events and counts are deleted for good, in the background and in batches.
+        Deleting removes results for good, so superusers only (ratejobs.permissions)."""
+        job = job_get_for_user(request.user, job_id)
+        if not may_delete_records(request.user):
+            raise exceptions.PermissionDenied("Only a superuser may purge a job.")
+        try:
+            job_purge_request(job=job)
+        except JobPurgeRefused as exc:
+            raise _conflict(exc.job, str(exc)) from exc
+        return Response(status=status.HTTP_202_ACCEPTED)
+
 
 class JobCallListView(generics.GenericAPIView):
     queryset = Call.objects.none()
@@ -447,7 +570,7 @@ class _JobActionView(APIView):
         request=None,
         responses={
             200: JobOutputSerializer,
-            409: OpenApiResponse(description="the job's status rules the action out"),
+            409: OpenApiResponse(ConflictSerializer, "the job's status rules the action out"),
         },
     )
     def post(self, request: Request, job_id: int) -> Response:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from typing import IO, Any, TypeVar
 
 import ijson
 from django.conf import settings
@@ -33,6 +33,10 @@ MAX_JSON_VALUES = 100_000
 MAX_JSON_DEPTH = 64
 # Values a call may hold besides those of its JSON body (query parameters and headers).
 CALL_VALUES_BESIDES_BODY = 10_000
+# ijson's default backend (yajl, in C) refuses an integer over 64 bits, which JSON allows: a text
+# holding one is read again by ijson's Python backend, exact but 16 times slower, only then.
+_EXACT_IJSON = ijson.get_backend("python")
+_T = TypeVar("_T")
 
 
 def declared_length(request: Any) -> int | None:
@@ -124,33 +128,48 @@ def read_capped(stream: IO[bytes], parser_context: dict[str, Any] | None, settin
     return bytes(body)
 
 
-def _events(body: bytes) -> Iterator[tuple[str, Any]]:
+def _events(body: bytes, backend: Any = ijson) -> Iterator[tuple[str, Any]]:
     """ijson's events of a JSON text (numbers with a fraction as floats, like json.loads)."""
-    return ijson.basic_parse(io.BytesIO(body), use_float=True)
+    return backend.basic_parse(io.BytesIO(body), use_float=True)
 
 
 def _parse_error(exc: Exception) -> ParseError:
     return ParseError(f"JSON parse error - {exc}")
 
 
+def _with_exact_integers(parse: Callable[[Any], _T]) -> _T:
+    """parse(an ijson backend): the default one, or the exact one where the default met an
+    integer over 64 bits; ParseError for a text that is not JSON."""
+    try:
+        return parse(ijson)
+    except ijson.JSONError as exc:
+        if "integer overflow" not in str(exc):
+            raise _parse_error(exc) from None
+    try:
+        return parse(_EXACT_IJSON)
+    except ijson.JSONError as exc:
+        raise _parse_error(exc) from None
+
+
 def count_values(body: bytes, *, most: int) -> None:
     """Count the values of a JSON text without building them; ParseError when it is not JSON,
     nests deeper than MAX_JSON_DEPTH or holds more than `most` values."""
+    _with_exact_integers(lambda backend: _count_values(_events(body, backend), most))
+
+
+def _count_values(events: Iterator[tuple[str, Any]], most: int) -> None:
     depth = values = 0
-    try:
-        for event, _ in _events(body):
-            if event in ("end_map", "end_array"):
-                depth -= 1
-                continue
-            values += 1
-            if values > most:
-                raise ParseError(f"Too many JSON values: at most {most}.")
-            if event in ("start_map", "start_array"):
-                depth += 1
-                if depth > MAX_JSON_DEPTH:
-                    raise ParseError(f"JSON nested too deep: at most {MAX_JSON_DEPTH} levels.")
-    except ijson.JSONError as exc:
-        raise _parse_error(exc) from None
+    for event, _ in events:
+        if event in ("end_map", "end_array"):
+            depth -= 1
+            continue
+        values += 1
+        if values > most:
+            raise ParseError(f"Too many JSON values: at most {most}.")
+        if event in ("start_map", "start_array"):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise ParseError(f"JSON nested too deep: at most {MAX_JSON_DEPTH} levels.")
 
 
 class LimitedJSONParser(BaseParser):
@@ -179,14 +198,14 @@ class JsonCalls:
     from the body's bytes one call at a time, so the job service stores calls in batches
     without the whole list ever being Python objects."""
 
-    def __init__(self, body: bytes, count: int) -> None:
-        self._body, self._count = body, count
+    def __init__(self, body: bytes, count: int, backend: Any = ijson) -> None:
+        self._body, self._count, self._backend = body, count, backend
 
     def __len__(self) -> int:
         return self._count
 
     def __iter__(self) -> Iterator[Any]:
-        return ijson.items(io.BytesIO(self._body), "calls.item", use_float=True)
+        return self._backend.items(io.BytesIO(self._body), "calls.item", use_float=True)
 
 
 class JobJSONParser(LimitedJSONParser):
@@ -201,14 +220,11 @@ class JobJSONParser(LimitedJSONParser):
         parser_context: dict[str, Any] | None = None,
     ) -> Any:
         body = read_capped(stream, parser_context, self.limit_setting)
-        try:
-            return _job_fields(body)
-        except ijson.JSONError as exc:
-            raise _parse_error(exc) from None
+        return _with_exact_integers(lambda backend: _job_fields(body, backend))
 
 
-def _job_fields(body: bytes) -> dict[str, Any]:
-    events = _events(body)
+def _job_fields(body: bytes, backend: Any) -> dict[str, Any]:
+    events = _events(body, backend)
     event, _ = next(events, ("", None))
     if event != "start_map":
         raise ParseError("JSON parse error - expected an object.")
@@ -221,7 +237,7 @@ def _job_fields(body: bytes) -> dict[str, Any]:
             raise ParseError(f'JSON parse error - "{key}" given twice.')
         event, value = next(events)
         if key == "calls" and event == "start_array":
-            fields[key] = JsonCalls(body, _count_calls(events))
+            fields[key] = JsonCalls(body, _count_calls(events), backend)
         else:
             fields[key] = _build(event, value, events, budget)
     for _ in events:  # ijson refuses anything after the object
@@ -330,7 +346,10 @@ class JsonLinesParser(BaseParser):
 
 def upload_calls(request: Request) -> NumberedCalls:
     """The calls of a JSON lines upload, streamed from the request whether it came with a
-    Content-Length or chunked (DRF's request.data sees no body without a Content-Length)."""
+    Content-Length or chunked (DRF's request.data sees no body without a Content-Length).
+    No body at all is no calls, whatever its Content-Type (the service's 400, not a 415)."""
+    if not declared_length(request) and not is_chunked(request):
+        return calls_from_jsonl(io.BytesIO(b""))
     parser = request.negotiator.select_parser(request, request.parsers)
     if not isinstance(parser, JsonLinesParser):
         raise UnsupportedMediaType(request.content_type)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from django.urls import path
+from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from ratejobs.api import apis, jobs
+from ratejobs.api import apis, index, jobs
 
 app_name = "api"
 
 urlpatterns = [
+    path("", index.IndexView.as_view(), name="index"),
     path("apis/", apis.ApiListCreateView.as_view(), name="api-list"),
     path("apis/<slug:name>/", apis.ApiDetailView.as_view(), name="api-detail"),
     path("jobs/", jobs.JobListCreateView.as_view(), name="job-list"),
@@ -32,4 +33,6 @@ urlpatterns = [
     ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    # Last: whatever matched no route above, newlines included (`.` would stop at one).
+    re_path(r"^(?P<rest>[\s\S]*)\Z", index.not_found, name="not-found"),
 ]

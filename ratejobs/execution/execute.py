@@ -59,6 +59,9 @@ class ExecutionPolicy:
     max_throttled_retries: int = DEFAULT_MAX_THROTTLED_RETRIES
     backoff_base: float = DEFAULT_BACKOFF_BASE
     backoff_cap: float = DEFAULT_BACKOFF_CAP
+    # Requests carry an idempotency key: a 409 is the API still answering an earlier attempt
+    # with the same key (Stripe's "idempotency key in use"), to be retried, not a failure.
+    retry_conflicts: bool = False
 
     def __post_init__(self) -> None:
         errors = []
@@ -260,6 +263,7 @@ def _attempt(
         backoff_base=policy.backoff_base,
         backoff_cap=policy.backoff_cap,
         rng=rng,
+        retry_conflicts=policy.retry_conflicts,
     )
     logger.debug(
         "%s %s: %s (%s) in %.3fs",

@@ -52,11 +52,13 @@ def classify(
     backoff_cap: float,
     rng: random.Random | None = None,
     now: float | None = None,
+    retry_conflicts: bool = False,
 ) -> Decision:
     """2xx and 3xx (a redirect we would not follow) succeed; 429 (and a 403 with a throttle
     hint) is throttled, retried after the hint or a backoff without using up max_attempts;
-    5xx, 408 and network errors are retried while attempts < max_attempts; other 4xx fail, and
-    so does an address the outbound policy refused, at once."""
+    5xx, 408 (and 409 with retry_conflicts: an idempotency key still in use) and network
+    errors are retried while attempts < max_attempts; other 4xx fail, and so does an address
+    the outbound policy refused, at once."""
     now = time.time() if now is None else now
     status = result.status_code
 
@@ -86,7 +88,7 @@ def classify(
         return Decision("throttled", retry_after=delay, error=_status_text(status), throttle=True)
     if 200 <= status < 400:
         return Decision("succeeded")
-    if status >= 500 or status in RETRYABLE_4XX:
+    if status >= 500 or status in RETRYABLE_4XX or (status == 409 and retry_conflicts):
         return retry_or_fail(_status_text(status), hint)
     return Decision("failed", error=_status_text(status))
 

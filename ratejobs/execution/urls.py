@@ -44,7 +44,9 @@ MAX_DECODE_ROUNDS = 4
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 _BAD_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")
-_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+# RFC 9110's token, what a header name must be (the schema documents it as a pattern).
+HEADER_NAME_PATTERN = r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$"
+_TOKEN = re.compile(HEADER_NAME_PATTERN)
 # RFC 3986 pchar plus "/" and "%" (escapes already in the path are kept as they are).
 _PATH_SAFE = "/:@!$&'()*+,;=-._~%"
 _QUERY_SAFE = _PATH_SAFE + "?"
@@ -147,7 +149,8 @@ def check_header_syntax(headers: Mapping[str, str]) -> None:
     string without line breaks or other control characters. Never echoes a value."""
     seen: set[str] = set()
     for name, value in headers.items():
-        if not isinstance(name, str) or not _TOKEN.match(name):
+        # fullmatch: the pattern's `$` would also take a name that ends in a newline
+        if not isinstance(name, str) or not _TOKEN.fullmatch(name):
             raise ValueError(f"header name {name!r} is not a valid HTTP token")
         key = name.lower()
         if key in seen:

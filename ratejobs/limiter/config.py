@@ -42,6 +42,10 @@ class LimiterConfig:
     min_rate: float | None = None
     decrease_factor: float = DEFAULT_DECREASE_FACTOR
     recovery_seconds: float = DEFAULT_RECOVERY_SECONDS
+    # Which edition of the limits this is, from their source of truth: Redis keeps the version
+    # it was configured with, never overwrites it with an older one, and asks a caller whose
+    # version is newer to configure again. 0: unversioned (any configure writes).
+    version: int = 0
 
     def __post_init__(self) -> None:
         errors = []
@@ -69,6 +73,8 @@ class LimiterConfig:
             errors.append("decrease_factor must be between 0 and 1")
         if not is_positive_number(self.recovery_seconds):
             errors.append("recovery_seconds must be a positive number")
+        if not isinstance(self.version, int) or self.version < 0:
+            errors.append("version must be a whole number, 0 or more")
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -89,6 +95,7 @@ class LimiterConfig:
             repr(float(self.floor_rate)),
             repr(float(self.decrease_factor)),
             repr(float(self.recovery_seconds)),
+            str(self.version),
         ]
 
 

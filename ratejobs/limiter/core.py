@@ -141,6 +141,7 @@ class LimiterState:
     in_flight: int
     generation: int
     counts: LimiterCounts = LimiterCounts()
+    config_version: int = 0  # LimiterConfig.version of the stored limits
 
     @property
     def blocked_for(self) -> float:
@@ -180,9 +181,13 @@ Steps = Generator[Step, Any, Any]
 
 @contextmanager
 def translate_redis_errors(name: str) -> Iterator[None]:
-    """Fail closed: any Redis failure becomes an error, never a grant."""
+    """Fail closed: any Redis failure becomes an error, never a grant. A Redis at its
+    maxmemory refuses every script as an unreachable one refuses connections: nothing was
+    decided, so the caller waits as it would for a Redis that is down."""
     try:
         yield
+    except redis.exceptions.OutOfMemoryError as exc:
+        raise LimiterUnavailable(f"limiter {name!r}: Redis is out of memory: {exc}") from exc
     except redis.ResponseError as exc:
         raise LimiterError(f"limiter {name!r}: {exc}") from exc
     except redis.RedisError as exc:
@@ -250,6 +255,9 @@ class LimiterBase:
             )
         yield from self._configure_steps(self.config)
 
+    def _config_version(self) -> int:
+        return 0 if self.config is None else self.config.version
+
     def _check_weight(self, weight: int) -> None:
         if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
             raise ValueError("weight must be a whole number >= 1")
@@ -283,6 +291,7 @@ class LimiterBase:
                     _wait_left_us(max_wait, started),
                     held_slot,
                     held_generation,
+                    self._config_version(),
                 ],
             )
             code, wait_us, slot_us, generation, now_us = (int(x) for x in reply)
@@ -333,6 +342,7 @@ class LimiterBase:
                     prefix,
                     int(lease_seconds * MICROS),
                     _wait_left_us(max_wait, started),
+                    self._config_version(),
                 ],
             )
             received = time.monotonic()
@@ -497,4 +507,5 @@ class LimiterBase:
             in_flight=int(reply[11]),
             generation=int(reply[12]),
             counts=LimiterCounts(*(int(n) for n in reply[13])),
+            config_version=int(reply[14]),
         )

@@ -10,6 +10,13 @@ limit it answers 429 `{"error": "rate limited"}` with Retry-After (unless disabl
 headers (`github`: X-RateLimit-Limit/-Remaining/-Reset as an epoch; `ietf`: RateLimit-Policy
 and RateLimit) advertise `rate` on every response, including 429s.
 
+Idempotency, as Stripe's: a request carrying a key in `idempotency_header` (default
+Idempotency-Key; "" turns it off) whose key was answered before gets that first answer again
+(status, body and headers, plus `Idempotent-Replayed: true`) and is no arrival: neither counted,
+logged nor charged to the limit. Answers of 429 and 5xx are not remembered, so a retry after
+them is a new arrival. While a key's first request is being answered, another with that key gets
+409 (no arrival either). The last `max_idempotency_keys` answers are kept.
+
 API routes (any method, rate-limited first, then `error_rate` of them answered 500):
   /<anything>            200 {"method", "path", "query", "n", "body_bytes"}
   /status/<code>         that status (200-599), {"status", "n"}
@@ -19,7 +26,8 @@ API routes (any method, rate-limited first, then `error_rate` of them answered 5
 
 Control routes (never limited, not arrivals, no added latency):
   /__stats[?window=<s>][&detail=1]   counters and invariants, see below
-  /__reset (POST)                    clears counters, the log and the bucket; reseeds the RNG
+  /__reset (POST)                    clears counters, the log, the bucket and the keys; reseeds
+                                     the RNG
   /__config (GET, POST JSON)         the live config; POST changes any of LIVE_FIELDS
 
 /__stats keys: arrivals, ok (status < 400), throttled (429s from the limit), errors (other
@@ -27,8 +35,10 @@ Control routes (never limited, not arrivals, no added latency):
 length), worst_window_admitted (the same, without the throttled ones), allowed (burst + window *
 real_rate / period; null with no_limit), retry_after_violations (arrivals after a 429 was sent and
 before its Retry-After ran out, from any client: the quota is shared), log_size, log_dropped,
-config; with detail=1 also log: [{"n", "t" (epoch), "status", "path", "request_id" (X-Request-Id),
-and for 429s "retry_after", "sent", "retry_until"}].
+idempotent_replays (answers given again for a key), idempotent_conflicts (409s for a key being
+answered), unique_keys (keys whose answer was remembered: the distinct keys acted on), config;
+with detail=1 also log: [{"n", "t" (epoch), "status", "path", "request_id" (X-Request-Id),
+"idempotency_key", and for 429s "retry_after", "sent", "retry_until"}].
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,6 +19,14 @@ RETRY_AFTER_FORMATS: tuple[RetryAfterFormat, ...] = ("delta", "date")
 # Past it the oldest arrivals leave the log (the window statistics), the counters stay exact.
 DEFAULT_MAX_LOG = 1_000_000
 DEFAULT_CLI_PORT = 8081
+# Stripe's name for it; "" turns idempotency off.
+DEFAULT_IDEMPOTENCY_HEADER = "Idempotency-Key"
+# A remembered answer costs a few hundred bytes (key, status, small JSON body): a million is a
+# few hundred MB at most, and more distinct keys than any test or benchmark sends. Past it the
+# oldest keys are forgotten, and a retry with one of those counts as a new arrival.
+DEFAULT_MAX_IDEMPOTENCY_KEYS = 1_000_000
+# RFC 9110's token: what a header name may be.
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 
 # What /__config may change on a running sandbox: everything but where it listens.
 LIVE_FIELDS = frozenset(
@@ -34,10 +43,12 @@ LIVE_FIELDS = frozenset(
         "error_rate",
         "seed",
         "max_log",
+        "idempotency_header",
+        "max_idempotency_keys",
     }
 )
 _FLOAT_FIELDS = frozenset({"rate", "period", "real_rate", "latency", "error_rate"})
-_INT_FIELDS = frozenset({"burst", "seed", "max_log", "port"})
+_INT_FIELDS = frozenset({"burst", "seed", "max_log", "port", "max_idempotency_keys"})
 _BOOL_FIELDS = frozenset({"no_limit", "retry_after"})
 _OPTIONAL_FIELDS = frozenset({"real_rate", "seed"})
 
@@ -61,6 +72,10 @@ class SandboxConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: a free port
     max_log: int = DEFAULT_MAX_LOG
+    # A request carrying this header is answered once per key: a repeat gets the first answer
+    # again and is no arrival (as Stripe's Idempotency-Key); "" ignores the header.
+    idempotency_header: str = DEFAULT_IDEMPOTENCY_HEADER
+    max_idempotency_keys: int = DEFAULT_MAX_IDEMPOTENCY_KEYS  # remembered answers, oldest go
 
     def __post_init__(self) -> None:
         problems = []
@@ -83,6 +98,10 @@ class SandboxConfig:
             problems.append("port must be between 0 and 65535")
         if self.max_log < 0:
             problems.append("max_log must be >= 0")
+        if self.idempotency_header and not _HEADER_NAME.match(self.idempotency_header):
+            problems.append("idempotency_header must be a header name (an HTTP token) or empty")
+        if self.max_idempotency_keys < 0:
+            problems.append("max_idempotency_keys must be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -114,6 +133,8 @@ class SandboxConfig:
             f"--latency={self.latency!r}",
             f"--error-rate={self.error_rate!r}",
             f"--max-log={self.max_log}",
+            f"--idempotency-header={self.idempotency_header}",
+            f"--max-idempotency-keys={self.max_idempotency_keys}",
             "--retry-after" if self.retry_after else "--no-retry-after",
         ]
         if self.real_rate is not None:
@@ -157,6 +178,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=None, help="seed of the error-rate RNG")
     parser.add_argument(
         "--max-log", type=int, default=defaults.max_log, help="arrivals kept for /__stats"
+    )
+    parser.add_argument(
+        "--idempotency-header",
+        default=defaults.idempotency_header,
+        help='a repeated key in this header gets the first answer again; "" ignores it',
+    )
+    parser.add_argument(
+        "--max-idempotency-keys",
+        type=int,
+        default=defaults.max_idempotency_keys,
+        help="answers remembered by key; the oldest are forgotten past it",
     )
     parser.add_argument(
         "--stop-on-stdin-close",

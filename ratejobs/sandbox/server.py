@@ -19,7 +19,7 @@ from urllib.parse import parse_qsl
 
 from ratejobs.sandbox.config import SandboxConfig
 from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
-from ratejobs.sandbox.state import THROTTLED, Admission, SandboxState
+from ratejobs.sandbox.state import THROTTLED, Admission, Answer, SandboxState
 
 __all__ = ["Sandbox", "SandboxConfig", "SandboxProcess", "start_sandbox_process"]
 
@@ -133,9 +133,37 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/__"):
             self._control(path, query, body)
             return
-        status, problem = _route(path, query)
         state = self.server.state
-        admission = state.admit(path, status, self.headers.get("X-Request-Id"))
+        header = state.config.idempotency_header
+        key = (self.headers.get(header) or None) if header else None
+        if key is not None:
+            earlier = state.begin_key(key)
+            if earlier is not None:  # given again, or refused while the first is answered
+                self._send(earlier.status, earlier.body, list(earlier.headers))
+                return
+        status, problem = _route(path, query)
+        answer = None
+        try:
+            admission = state.admit(path, status, self.headers.get("X-Request-Id"), key)
+            answer = self._decide(admission, problem, path, query, len(body))
+        finally:
+            # Remembered before it is sent: a client that has the answer and tries again
+            # gets it again, never a 409; a client that died meanwhile gets it on its retry.
+            if key is not None:
+                state.end_key(key, answer)
+        self._send(answer.status, answer.body, list(answer.headers))
+        if admission.arrival.throttled:
+            state.mark_sent(admission.arrival, time.monotonic_ns())
+
+    def _decide(
+        self,
+        admission: Admission,
+        problem: str | None,
+        path: str,
+        query: dict[str, str],
+        body_bytes: int,
+    ) -> Answer:
+        """The answer to an arrival the server admitted or throttled (see _route)."""
         arrival = admission.arrival
         headers = _quota_headers(admission)
         if admission.config.latency:
@@ -143,14 +171,13 @@ class _Handler(BaseHTTPRequestHandler):
         if arrival.throttled:
             if arrival.retry_after is not None:
                 headers.append(("Retry-After", _retry_after_value(admission)))
-            self._send(THROTTLED, {"error": "rate limited"}, headers)
-            state.mark_sent(arrival, time.monotonic_ns())
-        elif admission.injected_error:
-            self._send(arrival.status, {"error": "injected error"}, headers)
-        elif problem is not None:
-            self._send(status, {"error": problem}, headers)
-        else:
-            self._send(status, self._answer(path, query, len(body), arrival.n, headers), headers)
+            return Answer(THROTTLED, {"error": "rate limited"}, tuple(headers))
+        if admission.injected_error:
+            return Answer(arrival.status, {"error": "injected error"}, tuple(headers))
+        if problem is not None:
+            return Answer(arrival.status, {"error": problem}, tuple(headers))
+        answer = self._answer(path, query, body_bytes, arrival.n, headers)
+        return Answer(arrival.status, answer, tuple(headers))
 
     def _answer(
         self,

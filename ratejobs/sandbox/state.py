@@ -6,7 +6,7 @@ import math
 import random
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +16,16 @@ from ratejobs.sandbox.config import SandboxConfig
 
 THROTTLED = 429
 ERROR = 500
+CONFLICT = 409
+# Stripe's header on an answer given again for a repeated key.
+REPLAYED_HEADER = ("Idempotent-Replayed", "true")
 
 
 class Arrival:
     """One request to the API (control endpoints are not arrivals), as the log keeps it."""
 
     __slots__ = (
+        "key",
         "n",
         "path",
         "request_id",
@@ -34,17 +38,41 @@ class Arrival:
         "throttled",
     )
 
-    def __init__(self, n: int, t_ns: int, path: str, status: int, request_id: str | None) -> None:
+    def __init__(
+        self,
+        n: int,
+        t_ns: int,
+        path: str,
+        status: int,
+        request_id: str | None,
+        key: str | None = None,
+    ) -> None:
         self.n = n  # 1 for the first arrival since start or reset
         self.t_ns = t_ns  # time.monotonic_ns() on arrival, the clock the bucket decided on
         self.path = path
         self.status = status
         self.request_id = request_id
+        self.key = key  # the idempotency key it carried
         self.throttled = False  # answered 429 by the limit (not a /status/429 it let through)
         self.retry_after: float | None = None  # seconds the 429's Retry-After asked for
         self.retry_date: int | None = None  # epoch of the Retry-After HTTP-date, if one
         self.sent_ns: int | None = None  # when a 429 was written to the client
         self.retry_until_ns: int | None = None  # when that 429's Retry-After ran out
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A whole response: what the server sends for a request, and gives again for its key."""
+
+    status: int
+    body: dict[str, Any] | bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+# Stripe answers a key whose first request is still being answered with a 409.
+STILL_ANSWERING = Answer(
+    CONFLICT, {"error": "a request with this idempotency key is still being answered"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,18 +106,56 @@ class SandboxState:
         self._arrivals = 0
         self._throttled = 0
         self._log: deque[Arrival] = deque(maxlen=self.config.max_log)
+        # Answers by idempotency key, oldest first, each ready to be given again; and the keys
+        # whose first request is being answered now.
+        self._answers: OrderedDict[str, Answer] = OrderedDict()
+        self._answering: set[str] = set()
+        self._replays = 0
+        self._conflicts = 0
+        self._unique_keys = 0
 
     def epoch(self, t_ns: int) -> float:
         return self.epoch_offset + t_ns / NS_PER_S
 
-    def admit(self, path: str, status: int, request_id: str | None) -> Admission:
+    def begin_key(self, key: str) -> Answer | None:
+        """The answer to give at once to a request carrying idempotency `key`: the first one
+        again, or a 409 while that one is still being answered. None: the request is the key's
+        first (or its earlier ones were not remembered), and end_key must follow it."""
+        with self.lock:
+            answer = self._answers.get(key)
+            if answer is not None:
+                self._replays += 1
+                return answer
+            if key in self._answering:
+                self._conflicts += 1
+                return STILL_ANSWERING
+            self._answering.add(key)
+            return None
+
+    def end_key(self, key: str, answer: Answer | None) -> None:
+        """Remember `answer` for `key` unless it asks to be tried again (a 429, a 5xx) or there
+        is none (the request failed on the way): then the key's next request is a new one."""
+        with self.lock:
+            self._answering.discard(key)
+            limit = self.config.max_idempotency_keys
+            if answer is None or answer.status == THROTTLED or answer.status >= ERROR or not limit:
+                return
+            replayed = (*answer.headers, REPLAYED_HEADER)
+            self._answers[key] = Answer(answer.status, answer.body, replayed)
+            self._unique_keys += 1
+            while len(self._answers) > limit:
+                self._answers.popitem(last=False)
+
+    def admit(
+        self, path: str, status: int, request_id: str | None, key: str | None = None
+    ) -> Admission:
         """Decide an arrival that would be answered `status` were it not for the limit and the
         injected errors, and log it."""
         with self.lock:
             now = time.monotonic_ns()
             config = self.config
             self._arrivals += 1
-            arrival = Arrival(self._arrivals, now, path, status, request_id)
+            arrival = Arrival(self._arrivals, now, path, status, request_id, key)
             injected_error = False
             if config.no_limit or self._enforced.take(now):
                 # The advertised quota counts what the server served; when it advertises what
@@ -147,6 +213,8 @@ class SandboxState:
                 self._rng = random.Random(config.seed)  # noqa: S311 (see _clear)
             if config.max_log != old.max_log:
                 self._log = deque(self._log, maxlen=config.max_log)
+            while len(self._answers) > config.max_idempotency_keys:
+                self._answers.popitem(last=False)
 
     def stats(self, *, window: float | None = None, detail: bool = False) -> dict[str, Any]:
         """What /__stats answers; the keys are listed in ratejobs/sandbox/__init__.py."""
@@ -156,6 +224,11 @@ class SandboxState:
             statuses = dict(self._statuses)
             arrivals = self._arrivals
             throttled = self._throttled
+            keys = {
+                "idempotent_replays": self._replays,
+                "idempotent_conflicts": self._conflicts,
+                "unique_keys": self._unique_keys,
+            }
         window = config.period if window is None else window
         window_ns = max(1, int(window * NS_PER_S))
         times = [a.t_ns for a in log]
@@ -175,6 +248,7 @@ class SandboxState:
             "retry_after_violations": count_retry_after_violations(log),
             "log_size": len(log),
             "log_dropped": arrivals - len(log),
+            **keys,
             "config": config.live_fields(),
         }
         if detail:
@@ -188,6 +262,7 @@ class SandboxState:
             "status": arrival.status,
             "path": arrival.path,
             "request_id": arrival.request_id,
+            "idempotency_key": arrival.key,
         }
         if arrival.throttled:
             entry["retry_after"] = arrival.retry_after

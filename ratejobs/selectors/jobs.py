@@ -24,8 +24,9 @@ CALL_LIST_DEFERRED = ("json", "body", "response_headers", "claim_token", "claim_
 
 def job_list_for_user(user: Any, status: str | None = None) -> QuerySet[Job]:
     """The jobs the user may see (ratejobs.permissions: their own, everyone's for a
-    superuser), newest first."""
-    jobs = Job.objects.select_related("api").order_by("-created", "-pk")
+    superuser), newest first; a job being purged is gone already."""
+    jobs = Job.objects.filter(purge_started__isnull=True).select_related("api")
+    jobs = jobs.order_by("-created", "-pk")
     if not sees_every_job(user):
         jobs = jobs.filter(owner=user)
     if status is not None:
@@ -221,6 +222,16 @@ def response_body_text(body: bytes | memoryview | None, *, truncated: bool) -> s
         return codecs.getincrementaldecoder("utf-8")().decode(bytes(body), final=not truncated)
     except UnicodeDecodeError:
         return None
+
+
+def response_removed_text(call: Call) -> str | None:
+    """What a page shows instead of a body retention removed (RATEJOBS_KEEP_BODIES_DAYS), so
+    that it never reads as a call that got nothing back; None when it was not removed."""
+    removed = call.response_removed_at
+    if removed is None:
+        return None
+    days = (removed - (call.finished or removed)).days
+    return f"removed after {days} day{'' if days == 1 else 's'} (retention)"
 
 
 def job_counts_by_status() -> dict[str, int]:

@@ -18,6 +18,7 @@ from redis.sentinel import Sentinel
 from ratejobs.credentials import check_credential_env, encrypt_secret
 from ratejobs.execution.outbound import check_url_allowed, policy_for
 from ratejobs.execution.urls import (
+    ALWAYS_PROTECTED_HEADERS,
     UNSAFE_HEADERS,
     check_header_syntax,
     check_headers,
@@ -43,6 +44,7 @@ EDITABLE_FIELDS = (
     "timeout",
     "default_headers",
     "auth_header",
+    "idempotency_header",
     "credential_env",
 )
 # Redis calls from the web and workers give up after this long, so a dead Redis turns into a
@@ -148,6 +150,29 @@ def _validate_credentials(api: Api) -> None:
         raise ValidationError(errors)
 
 
+def _validate_idempotency_header(api: Api) -> None:
+    name = api.idempotency_header
+    if not name:
+        return
+    try:
+        check_header_syntax({name: ""})
+    except ValueError as exc:
+        raise ValidationError({"idempotency_header": str(exc)}) from exc
+    key = name.lower()
+    problem = ""
+    if key in FORBIDDEN_AUTH_HEADERS | ALWAYS_PROTECTED_HEADERS:
+        problem = "that header belongs to the connection, the HTTP client or a credential"
+    elif key == api.auth_header.lower():
+        problem = "that is the auth_header, which carries the credential"
+    elif isinstance(api.default_headers, dict) and key in {
+        str(default).lower() for default in api.default_headers
+    }:
+        # One value for every call would make every call after the first a replay.
+        problem = "it is also a default header; remove it from default_headers"
+    if problem:
+        raise ValidationError({"idempotency_header": f"may not be {name!r}: {problem}"})
+
+
 def api_validate(*, api: Api, credential_given: bool) -> None:
     """Every check on an API about to be saved, new or changed; ValidationError by field.
 
@@ -157,6 +182,7 @@ def api_validate(*, api: Api, credential_given: bool) -> None:
     carry a secret they never saw to a host of their own."""
     _validate(api)
     _validate_credentials(api)
+    _validate_idempotency_header(api)
     stored = Api.objects.filter(pk=api.pk).values("base_url", "credential_env",
                                                    "credential_encrypted").first()  # fmt: skip
     if (
@@ -213,9 +239,18 @@ def api_update(
     if credential is not None:
         api.credential_encrypted = encrypt_secret(credential) if credential else ""
     api_validate(api=api, credential_given=credential_given)
+    # Compared with the stored row under its lock (the admin hands over an instance its form
+    # already changed), so two concurrent changes get two versions and Redis ends with the
+    # limits the database keeps.
+    stored = Api.objects.select_for_update().get(pk=api.pk)
+    api.limits_version = stored.limits_version
+    if api.limiter_config() != stored.limiter_config():
+        api.limits_version += 1
     api.save()
     if submitter_groups is not None:
         api.submitter_groups.set(submitter_groups)
+    # robust: with Redis down the change is still saved; workers see the limiter's older version
+    # and write these limits at their next grant.
     transaction.on_commit(lambda: api_limiter(api).configure(api.limiter_config()), robust=True)
     return api
 

@@ -86,16 +86,19 @@ def claim_hold_seconds(api: Api) -> float:
     )
 
 
-def calls_claim(*, job_id: int, call_ids: Iterable[int], owner: str) -> list[Claimed]:
+def calls_claim(
+    *, job_id: int, call_ids: Iterable[int], owner: str, token: str | None = None
+) -> list[Claimed]:
     """Claim those of the job's `call_ids` that are still wanted (dispatched, due, job active,
     not held by a live process) for `owner`, in one statement; returns them with their job and
-    API loaded."""
+    API loaded. `token` names the claim (a new one when not given), so that a claim that
+    failed part way can be given back (reconcile.calls_release_claim)."""
     call_ids = list(call_ids)
     job = Job.objects.select_related("api").filter(pk=job_id).first()
     if job is None or not call_ids:
         return []
     api = job.api
-    token = uuid.uuid4().hex
+    token = token or uuid.uuid4().hex
     now = database_now()
     # The claimable rows are locked in id order, skipping those another transaction holds
     # (a pause or a cancel changing them, another claim): the claim never waits on a row, so
@@ -188,17 +191,28 @@ def execution_policy(api: Api) -> ExecutionPolicy:
         max_body_bytes=settings.RATEJOBS_MAX_RESPONSE_BYTES,
         max_attempts=api.max_attempts,
         max_throttled_retries=api.max_throttled_retries,
+        retry_conflicts=bool(api.idempotency_header),
     )
+
+
+def call_idempotency_key(call: Call) -> str:
+    """What the API's idempotency_header carries for `call`: the same on every attempt
+    (retries, crashes, redispatches), different for every call of every job anywhere."""
+    return f"{call.job.uuid}-{call.index}"
 
 
 def call_request(call: Call, api: Api, secret: str | None) -> HttpRequest:
     extra = {"json": call.json} if call.json is not None else {}
+    defaults = api.default_headers
+    if api.idempotency_header:
+        # Under the call's own headers: a key the submitter gave the call wins.
+        defaults = merge_headers(defaults, {api.idempotency_header: call_idempotency_key(call)})
     return build_request(
         method=call.method,
         base_url=api.base_url,
         path=call.path,
         query=call.query,
-        headers=merge_headers(api.default_headers, call.headers or {}),
+        headers=merge_headers(defaults, call.headers or {}),
         body=call.body,
         credentials={api.auth_header: secret} if secret else None,
         **extra,
@@ -369,6 +383,7 @@ def _outcome_fields(outcome: Outcome, kind: str, now) -> dict:
             response_headers=result.headers,
             response_body=result.body,
             response_truncated=result.truncated,
+            response_removed_at=None,  # a new response replaces one retention removed
             duration=result.duration,
         )
     if kind in Call.FINAL:

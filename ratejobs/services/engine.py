@@ -21,7 +21,9 @@ import queue
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import redis
 from django.conf import settings
@@ -38,7 +40,7 @@ from ratejobs.services.calls import (
     calls_reserve_slots,
 )
 from ratejobs.services.dispatch import request_dispatch
-from ratejobs.services.reconcile import calls_recover_orphans
+from ratejobs.services.reconcile import calls_recover_orphans, calls_release_claim
 from ratejobs.services.workers import process_owner, worker_forget, worker_heartbeat
 
 logger = logging.getLogger(__name__)
@@ -56,6 +58,14 @@ _STOP = object()
 CLAIM_GATHER = 16
 CLAIM_GATHER_SECONDS = 0.02
 GIL_SWITCH_SECONDS = 0.0005
+
+
+@dataclass(frozen=True)
+class _LostClaim:
+    """A claim that failed part way: what the recorder gives back (calls_release_claim)."""
+
+    token: str
+    call_ids: list[int]
 
 
 class Engine:
@@ -94,9 +104,17 @@ class Engine:
             batch, remaining = remaining[:places], remaining[places:]
             handed = 0
             try:
-                claimed = calls_reserve_slots(
-                    calls_claim(job_id=job_id, call_ids=batch, owner=self.owner)
-                )
+                token = uuid.uuid4().hex
+                try:
+                    claimed = calls_claim(
+                        job_id=job_id, call_ids=batch, owner=self.owner, token=token
+                    )
+                except BaseException:
+                    # It may have taken its calls before it failed: the recorder gives back
+                    # whatever this claim holds once the database answers again.
+                    self._finished.put(_LostClaim(token, batch))
+                    raise
+                claimed = calls_reserve_slots(claimed)
                 for item in claimed:
                     self.pool.run(lambda item=item: self._attempt(item))
                     handed += 1
@@ -127,15 +145,21 @@ class Engine:
 
     def _record_forever(self) -> None:
         batch: list[Finished] = []
+        lost: list[_LostClaim] = []
         next_beat = next_sweep = time.monotonic()
         stopping = False
-        while not (stopping and not batch):
+        while not (stopping and not batch and not lost):
             if not stopping:
-                stopping = self._collect(batch, timeout=max(0.0, next_beat - time.monotonic()))
+                stopping = self._collect(
+                    batch, lost, timeout=max(0.0, next_beat - time.monotonic())
+                )
             try:
                 if batch:
                     calls_record_outcomes(batch)
                     batch = []
+                while lost:
+                    calls_release_claim(token=lost[0].token, call_ids=lost[0].call_ids)
+                    lost.pop(0)
                 now = time.monotonic()
                 if now >= next_beat and not stopping:
                     worker_heartbeat(owner=self.owner)
@@ -156,7 +180,7 @@ class Engine:
             close_old_connections()
         connection.close()
 
-    def _collect(self, batch: list[Finished], *, timeout: float) -> bool:
+    def _collect(self, batch: list[Finished], lost: list[_LostClaim], *, timeout: float) -> bool:
         """Wait up to `timeout` for an outcome, then take whatever else is ready; True once the
         stop marker came."""
         try:
@@ -166,7 +190,10 @@ class Engine:
         while True:
             if item is _STOP:
                 return True
-            batch.append(item)
+            if isinstance(item, _LostClaim):
+                lost.append(item)
+            else:
+                batch.append(item)
             if len(batch) >= RECORD_BATCH:
                 return False
             try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -102,6 +102,10 @@ def _call_fields_and_weight(*, api: Api, spec: Any) -> tuple[dict[str, Any], int
         errors["body"] = "give json or body, not both"
     elif body is not None and not isinstance(body, str):
         errors["body"] = "must be a string (use json for structured bodies)"
+    # PostgreSQL's text and jsonb cannot hold a NUL character (the insert would fail)
+    for field, value in (("query", query), ("json", body_json), ("body", body)):
+        if field not in errors and _holds_nul(value):
+            errors[field] = "must not contain a NUL character (\\u0000)"
     url = ""
     if not errors and isinstance(path, str):
         try:
@@ -124,6 +128,17 @@ def _call_fields_and_weight(*, api: Api, spec: Any) -> tuple[dict[str, Any], int
         "body": body,
     }
     return fields, len(url) + header_bytes + size
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in the JSON value, its object keys included."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, Mapping):
+        return any(_holds_nul(key) or _holds_nul(item) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        return any(_holds_nul(item) for item in value)
+    return False
 
 
 # Jobs that still hold calls to send, and count against their owner's limits.
@@ -262,18 +277,43 @@ def _calls_allowed(owner: Any, max_calls: int | None) -> _CallsAllowed:
     return _CallsAllowed(most=per_job, refusal=f"at most {per_job} calls per job")
 
 
+def calls_check(*, api: Api, calls: Iterable[Any]) -> None:
+    """Raise what job_submit would for these calls (CallsInvalid naming bad ones by index),
+    storing nothing: an idempotent replay must still be a job the first request could be."""
+    for _ in _checked_calls(api, calls, allowed=None):
+        pass
+
+
 def _store_calls(job: Job, calls: Iterable[Any], allowed: _CallsAllowed) -> int:
     """Validate and insert the calls in batches; raise (and store nothing) if any is bad."""
     batch: list[Call] = []
     batch_bytes = 0
+    total = 0
+    for index, fields, weight in _checked_calls(job.api, calls, allowed):
+        total = index + 1
+        fields["index"] = index
+        batch.append(fields)
+        batch_bytes += weight
+        if len(batch) >= BULK_BATCH or batch_bytes >= BULK_BATCH_BYTES:
+            _insert_calls(job, batch)
+            batch, batch_bytes = [], 0
+    _insert_calls(job, batch)
+    return total
+
+
+def _checked_calls(
+    api: Api, calls: Iterable[Any], allowed: _CallsAllowed | None
+) -> Iterator[tuple[int, dict[str, Any], int]]:
+    """Each call's index, fields and weight while every call so far is good; raises at the end
+    if any was bad (after a few more errors) or there was none."""
     errors: dict[int, dict[str, list[str]]] = {}
     total = 0
     for index, spec in enumerate(calls):
-        if index >= allowed.most:
+        if allowed is not None and index >= allowed.most:
             raise ValidationError({"calls": allowed.refusal})
         total = index + 1
         try:
-            fields, weight = _call_fields_and_weight(api=job.api, spec=spec)
+            fields, weight = _call_fields_and_weight(api=api, spec=spec)
         except ValidationError as exc:
             errors[index] = (
                 exc.message_dict if hasattr(exc, "error_dict") else {NON_FIELD_ERRORS: exc.messages}
@@ -281,20 +321,12 @@ def _store_calls(job: Job, calls: Iterable[Any], allowed: _CallsAllowed) -> int:
             if len(errors) >= 20:  # enough to fix a systematic mistake without a huge reply
                 break
             continue
-        if errors:
-            continue  # nothing more is stored; the rest is only checked
-        fields["index"] = index
-        batch.append(fields)
-        batch_bytes += weight
-        if len(batch) >= BULK_BATCH or batch_bytes >= BULK_BATCH_BYTES:
-            _insert_calls(job, batch)
-            batch, batch_bytes = [], 0
+        if not errors:  # after a bad call nothing more is stored; the rest is only checked
+            yield index, fields, weight
     if errors:
         raise CallsInvalid(errors)
     if not total:
         raise ValidationError({"calls": "a job needs at least one call"})
-    _insert_calls(job, batch)
-    return total
 
 
 # The fields a submitted call sets (call_fields_from_spec, plus its index); JSON ones are
@@ -457,8 +489,9 @@ def job_retry_failed(*, job: Job) -> Job:
     )
     if again:
         new_status = Job.Status.PAUSED if locked.status == Job.Status.PAUSED else Job.Status.RUNNING
+        # bodies_removed_at: once it finishes again, retention looks at the job's calls again
         Job.objects.filter(pk=job.pk).update(
-            failed=F("failed") - again, status=new_status, finished=None
+            failed=F("failed") - again, status=new_status, finished=None, bodies_removed_at=None
         )
         _rejoin_fairly(locked)
         transaction.on_commit(lambda: request_dispatch(job.api_id))

@@ -6,19 +6,28 @@ recorder thread), so a worker killed with -9 loses nothing even where beat does 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import redis
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from ratejobs.models import Call, Job
+from ratejobs.services.apis import redis_client
 from ratejobs.services.dispatch import dispatch_api, request_dispatch, schedule_wakeup
 from ratejobs.services.jobs import job_cancel_leftovers, job_complete_if_done
 from ratejobs.services.workers import database_now, owner_is_dead, workers_forget_long_gone
 
 logger = logging.getLogger(__name__)
+
+# Kept in the broker's Redis by the reconciler: that server's run_id when it last looked. Gone
+# or different, the broker restarted (empty, or from an older snapshot) and the messages sent
+# since are lost, so their calls are dispatched again at once instead of after
+# RATEJOBS_STALE_DISPATCH_SECONDS.
+BROKER_RUN_ID_KEY = "ratejobs:broker-run-id"
 
 
 @dataclass(frozen=True)
@@ -37,12 +46,25 @@ def calls_recover_orphans(now: datetime | None = None) -> int:
     orphans = Call.objects.filter(
         Q(running_until__lt=now) | owner_is_dead(now), status=Call.Status.RUNNING
     )
-    api_ids = set(orphans.values_list("job__api_id", flat=True).distinct())
+    return _give_back(orphans)
+
+
+def calls_release_claim(*, token: str, call_ids: list[int]) -> int:
+    """Give back to the dispatcher the calls a claim took when it failed part way, before any
+    of them was started (the database went away after the claiming UPDATE, or its answer was
+    lost): held by a live process, they would otherwise wait out the claim (minutes)."""
+    return _give_back(
+        Call.objects.filter(pk__in=call_ids, claim_token=token, status=Call.Status.RUNNING)
+    )
+
+
+def _give_back(running: QuerySet[Call]) -> int:
+    api_ids = set(running.values_list("job__api_id", flat=True).distinct())
     if not api_ids:
         return 0
     # Locks only the call rows, one statement: pause and cancel lock the job first and then
     # its calls, so nothing here waits on a job while holding a call.
-    recovered = orphans.update(
+    given_back = running.update(
         status=Call.Status.PENDING,
         dispatched_at=None,
         claim_token="",
@@ -51,13 +73,45 @@ def calls_recover_orphans(now: datetime | None = None) -> int:
     )
     for api_id in api_ids:
         request_dispatch(api_id)
-    return recovered
+    return given_back
+
+
+def broker_restarted() -> bool:
+    """Whether the broker's Redis restarted since this was last asked (the first time: yes).
+    A restart that kept everything says yes too: dispatching again costs messages, never a
+    second send, since a call is claimed once."""
+    client = _broker_client()
+    if client is None:
+        return False
+    try:
+        run_id = client.info("server")["run_id"]
+        seen = client.getset(BROKER_RUN_ID_KEY, run_id)
+    except redis.RedisError as exc:
+        logger.warning("reconciler: cannot ask the broker whether it restarted: %s", exc)
+        return False
+    return seen not in (run_id, run_id.encode())
+
+
+def _broker_client() -> redis.Redis | None:
+    """The broker's Redis, where one client can ask it (not a Cluster: no broker runs there)."""
+    url = settings.CELERY_BROKER_URL
+    if url == settings.REDIS_URL and not settings.REDIS_CLUSTER:
+        return redis_client()
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return _plain_client(url)
+    return None
+
+
+@functools.cache
+def _plain_client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
 
 
 def reconcile() -> ReconcileResult:
     """Run by celery beat every RATEJOBS_RECONCILE_INTERVAL seconds."""
     now = database_now()
-    stale = now - timedelta(seconds=settings.RATEJOBS_STALE_DISPATCH_SECONDS)
+    lost = broker_restarted()
+    stale = now if lost else now - timedelta(seconds=settings.RATEJOBS_STALE_DISPATCH_SECONDS)
     redispatched = Call.objects.filter(status=Call.Status.PENDING, dispatched_at__lt=stale).update(
         dispatched_at=None
     )
@@ -84,9 +138,10 @@ def reconcile() -> ReconcileResult:
             )
     if redispatched or recovered or leftovers:
         logger.info(
-            "reconciler: %d calls re-dispatched, %d recovered from dead workers, "
+            "reconciler: %d calls re-dispatched%s, %d recovered from dead workers, "
             "%d left in cancelled jobs cancelled",
             redispatched,
+            " (the broker restarted: its messages were lost)" if lost else "",
             recovered,
             leftovers,
         )

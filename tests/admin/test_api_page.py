@@ -75,6 +75,11 @@ def test_editing_the_rate_reaches_the_shared_limiter_at_once(
     assert (state.rate, state.burst) == (25, 3)
     api.refresh_from_db()
     assert api.credential_encrypted  # an empty secret field keeps the stored secret
+    # a new version of the limits, which Redis now holds; a change of anything else is not one
+    assert state.config_version == api.limits_version == 2
+    root_client.post(change_url(api), form_data(api, rate=25, burst=3, timeout=12))
+    api.refresh_from_db()
+    assert (api.timeout, api.limits_version) == (12, 2)
 
 
 def test_a_new_secret_is_stored_encrypted_and_can_be_removed(root_client, api):

@@ -181,6 +181,7 @@ def test_an_idempotency_key_replay_returns_the_same_job_once(
     assert counts(other_user) == (1, 3)
 
 
+@pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
 def test_a_retry_running_at_once_with_the_first_gets_its_job_with_200(
     client_for, user, make_api, settings

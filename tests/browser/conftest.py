@@ -2,7 +2,8 @@
 
 Playwright's own browser download does not work on our machines, so the tests use the Debian
 `chromium` package (`.ci/run` installs it). Where no Chromium can be found the tests skip and
-say why, so `make test` still passes on a machine without one.
+say why, so `make test` still passes on a machine without one; with CI=true that skip is a
+failure (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -50,3 +50,12 @@ def test_an_unknown_name_and_a_dead_redis_are_clear_errors(api, redis_down):
     with pytest.raises(CommandError, match="Redis cannot be reached") as raised:
         status()
     assert raised.value.returncode == 1
+
+
+def test_limits_older_than_the_database_s_are_named_as_such(api):
+    # given a change of limits the limiter has not seen yet (Redis was down when it was made)
+    type(api).objects.filter(pk=api.pk).update(limits_version=2)
+    # expect: the operator is told, and the JSON carries both versions' evidence
+    row = next(line for line in status().splitlines() if line.startswith(api.name + " "))
+    assert "older limits in Redis (version 1, the database's is 2)" in row
+    assert json.loads(status(api.name, "--json"))[0]["config_version"] == 1

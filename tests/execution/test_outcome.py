@@ -144,3 +144,15 @@ def test_a_refused_address_fails_at_once_with_the_policy_s_reason():
     decision = decide(REFUSED, attempts=1)
     assert decision.kind == "failed" and decision.retry_after == 0
     assert decision.error == REFUSED.error and not decision.throttle
+
+
+def test_a_409_is_retried_only_when_requests_carry_an_idempotency_key():
+    # Stripe answers 409 while an earlier request with the same key is still being processed
+    conflict = status(409)
+    assert decide(conflict).kind == "failed"
+    keyed = classify(conflict, attempts=1, throttled_retries=0, retry_conflicts=True,
+                     rng=random.Random(1), now=1_700_000_000.0, **LIMITS)  # fmt: skip
+    assert keyed.kind == "retry"
+    last = classify(conflict, attempts=3, throttled_retries=0, retry_conflicts=True,
+                    rng=random.Random(1), now=1_700_000_000.0, **LIMITS)  # fmt: skip
+    assert last.kind == "failed"

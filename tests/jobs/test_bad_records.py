@@ -123,6 +123,7 @@ def test_every_throttle_event_kind_the_admin_filters_by_is_one_ratejobs_writes()
     assert set(ThrottleEvent.Kind.values) == set(written)
 
 
+@pytest.mark.postgresql
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_creates_of_one_api_name_give_one_api_and_one_clear_error(unique_name):
     import threading

@@ -26,6 +26,7 @@ def broker(redis_url):
     app.control.purge()
 
 
+@pytest.mark.postgresql
 def test_a_call_task_delivered_twice_sends_and_records_once(broker, sandbox, unique_name):
     # given one dispatched call, and its message delivered to two workers at the same time
     server = sandbox(rate=100, burst=10, latency=0.2, headers="none")
@@ -58,6 +59,7 @@ def test_a_call_task_delivered_twice_sends_and_records_once(broker, sandbox, uni
     )
 
 
+@pytest.mark.postgresql
 def test_a_call_claimed_while_its_job_is_being_cancelled_is_not_sent(broker, sandbox, unique_name):
     # given a dispatched call, and a cancel that has changed its row but not yet committed
     server = sandbox(rate=100, burst=10, headers="none")
@@ -91,6 +93,7 @@ def test_a_call_claimed_while_its_job_is_being_cancelled_is_not_sent(broker, san
     assert (call.status, job.cancelled, job.succeeded) == ("cancelled", 1, 0)
 
 
+@pytest.mark.postgresql
 def test_a_call_whose_attempt_ends_in_a_retry_after_its_job_was_cancelled_ends_cancelled(
     broker, sandbox, unique_name
 ):

@@ -20,12 +20,7 @@ from ratejobs.services.jobs import job_cancel, job_create, job_lock, job_pause, 
 from ratejobs.services.reconcile import reconcile
 from ratejobs.services.workers import database_now
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="one clock and one writer on SQLite"
-    ),
-]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 
 # How long pause, resume, cancel and reconcile race each other.
 RACE_SECONDS = 3.0

@@ -147,6 +147,7 @@ def test_reconciler_cancels_a_call_taken_back_from_a_dead_worker_in_a_cancelled_
     assert (job.cancelled, job.total, job.status) == (3, 3, "cancelled")
 
 
+@pytest.mark.postgresql
 def test_a_dispatch_running_while_a_job_is_paused_neither_deadlocks_nor_dispatches_it(
     broker, unique_name
 ):

@@ -91,14 +91,22 @@ def test_no_request_reaches_the_server_inside_a_retry_after_window(
     assert counts.blocks >= 1
 
 
+@pytest.mark.parametrize("idempotency_header", ["", "Idempotency-Key"])
 def test_job_completes_when_a_worker_process_is_killed_mid_job(
-    owner, sandbox, start_worker, unique_name
+    owner, sandbox, start_worker, unique_name, idempotency_header
 ):
     # given slow responses, so that every call left is held by the two pool processes (in
     # flight, or claimed and waiting for its slot) when both are killed with -9: the broker
-    # is empty, and only the new pool processes' sweep can give those calls back
+    # is empty, and only the new pool processes' sweep can give those calls back; and with an
+    # idempotency header, a key on every call, which the sandbox honours as Stripe does
     server = sandbox(rate=1000, burst=50, latency=1.0, headers="none")
-    api = api_create(name=unique_name, base_url=server.url, rate=50, burst=5)
+    api = api_create(
+        name=unique_name,
+        base_url=server.url,
+        rate=50,
+        burst=5,
+        idempotency_header=idempotency_header,
+    )
     worker = start_worker(concurrency=2)
     job = job_create(
         owner=owner,
@@ -117,9 +125,16 @@ def test_job_completes_when_a_worker_process_is_killed_mid_job(
     # call ends final exactly once
     job = wait_for_job(job, timeout=120)
     statuses = Counter(Call.objects.filter(job=job).values_list("status", flat=True))
-    print(f"killed {victims}; statuses {dict(statuses)}; sandbox {server.stats()['arrivals']}")
+    stats = server.stats()
+    counts = {name: stats[name] for name in ("arrivals", "idempotent_replays", "unique_keys")}
+    print(f"killed {victims}; statuses {dict(statuses)}; sandbox {counts}")
     assert statuses == {"succeeded": 60}
     assert (job.succeeded, job.failed, job.cancelled) == (60, 0, 0)
+    if idempotency_header:
+        # and the calls that were in flight, sent again, got their first answer: the API
+        # acted on every call once (no effective duplicate)
+        assert stats["arrivals"] == stats["unique_keys"] == 60
+        assert stats["idempotent_replays"] >= 1
 
 
 def test_pause_and_cancel_stop_calls_that_have_not_started(

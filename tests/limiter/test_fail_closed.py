@@ -67,3 +67,21 @@ def test_waiter_is_not_granted_when_redis_dies_during_its_wait():
 def test_unconfigured_limiter_says_so(redis_client, unique_name):
     with pytest.raises(LimiterNotConfigured):
         Limiter(redis_client, unique_name).acquire()
+
+
+def test_a_redis_over_its_maxmemory_is_unavailable_not_an_error():
+    # given a private Redis that holds more than its maxmemory (a full broker on the same Redis)
+    server = start_private_redis()
+    try:
+        client = redis.Redis.from_url(server.url)
+        limiter = Limiter(client, "full", LimiterConfig(rate=10))
+        limiter.acquire()
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", client.info("memory")["used_memory"] // 2)
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.set("one-more", "x")
+        # expect: the limiter says Redis cannot serve it (the caller waits; no attempt is used)
+        with pytest.raises(LimiterUnavailable, match="out of memory"):
+            limiter.acquire()
+    finally:
+        server.stop()

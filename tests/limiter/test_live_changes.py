@@ -56,3 +56,38 @@ def test_a_limiter_with_config_configures_redis_after_a_flush(make_limiter, redi
     redis_client.delete(limiter.config_key)
     limiter.acquire()
     assert limiter.state().rate == 50
+
+
+def test_an_older_version_never_overwrites_a_newer_one(make_limiter, redis_client):
+    # given limits at version 2 (an operator's change) and a worker that read version 1 before it
+    limiter = make_limiter(LimiterConfig(rate=2, version=2))
+    stale_worker = Limiter(redis_client, limiter.name, LimiterConfig(rate=10, version=1))
+    # when the stale worker configures
+    assert stale_worker.configure(LimiterConfig(rate=10, version=1)) is False
+    # expect: Redis keeps version 2, and the stale worker's grants run at 2/s too
+    first, second = stale_worker.acquire(), stale_worker.acquire()
+    assert second.slot_us - first.slot_us == 500_000
+    assert limiter.state().config_version == 2
+
+
+def test_a_rolled_back_config_is_rewritten_at_the_next_grant(make_limiter, redis_client):
+    # given version 1 at 10/s, saved as a snapshot of the config key would keep it
+    limiter = make_limiter(LimiterConfig(rate=10, version=1))
+    old_config = redis_client.dump(limiter.config_key)
+    limiter.configure(LimiterConfig(rate=2, version=2))
+    # when Redis rolls the key back to the snapshot (a restore from an older dump)
+    redis_client.restore(limiter.config_key, 0, old_config, replace=True)
+    assert limiter.state().config_version == 1
+    # expect: the next grant puts version 2 back first and runs at 2/s
+    first, second = limiter.acquire(), limiter.acquire()
+    assert second.slot_us - first.slot_us == 500_000
+    assert (limiter.state().config_version, limiter.state().rate) == (2, 2.0)
+    many = limiter.acquire_many(2)
+    assert [b.slot_us - a.slot_us for a, b in zip(many, many.grants[1:], strict=False)] == [500_000]
+
+
+def test_a_new_version_of_the_same_limits_keeps_the_generation(make_limiter):
+    limiter = make_limiter(LimiterConfig(rate=5, version=1))
+    generation = limiter.state().generation
+    assert limiter.configure(LimiterConfig(rate=5, version=2)) is False
+    assert (limiter.state().generation, limiter.state().config_version) == (generation, 2)

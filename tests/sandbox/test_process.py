@@ -96,8 +96,12 @@ def test_cli_flags_round_trip_every_config_field():
         host="127.0.0.1",
         port=8123,
         max_log=100,
+        idempotency_header="X-Dedup",
+        max_idempotency_keys=10,
     )
     assert parse_argv(config.to_argv())[0] == config
+    off = SandboxConfig(idempotency_header="")
+    assert parse_argv(off.to_argv())[0] == off
     assert parse_argv([])[0] == SandboxConfig(port=DEFAULT_CLI_PORT)
 
 

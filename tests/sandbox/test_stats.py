@@ -133,6 +133,8 @@ def test_config_changes_limits_and_headers_live(make_sandbox, session):
         b'{"error_rate": 1.5}',
         b'{"port": 80}',
         b'{"bogus": 1}',
+        b'{"idempotency_header": "Idempotency Key"}',
+        b'{"max_idempotency_keys": -1}',
         b"[1, 2]",
         b"not json",
     ],

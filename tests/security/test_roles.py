@@ -20,7 +20,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ratejobs.models import Api, Call, Job, ThrottleEvent
-from ratejobs.services.jobs import job_create
+from ratejobs.services.jobs import job_cancel, job_create
 
 ROLES = ("anonymous", "user", "staff", "manager", "superuser")
 
@@ -45,6 +45,9 @@ REST = [
     Route("api:job-upload", "POST", "/api/jobs/upload/?api={api}&name=up",
           (401, 201, 201, 201, 201), "jsonl"),
     Route("api:job-detail", "GET", "/api/jobs/{job}/", (401, 404, 404, 404, 200)),
+    # purging deletes results for good: superusers only, and only a finished job
+    Route("api:job-detail", "DELETE", "/api/jobs/{done_job}/", (401, 404, 404, 404, 202)),
+    Route("api:job-detail", "DELETE", "/api/jobs/{job}/", (401, 404, 404, 404, 409)),
     Route("api:job-calls", "GET", "/api/jobs/{job}/calls/", (401, 404, 404, 404, 200)),
     Route("api:job-call-detail", "GET", "/api/jobs/{job}/calls/0/", (401, 404, 404, 404, 200)),
     Route("api:job-events", "GET", "/api/jobs/{job}/events/", (401, 404, 404, 404, 200)),
@@ -56,6 +59,9 @@ REST = [
     # The API's description is public, as any published API's documentation is.
     Route("api:schema", "GET", "/api/schema/", (200, 200, 200, 200, 200)),
     Route("api:docs", "GET", "/api/docs/", (200, 200, 200, 200, 200)),
+    # So is the index of links; a path under /api/ that names no route is a 404 to everyone.
+    Route("api:index", "GET", "/api/", (200, 200, 200, 200, 200)),
+    Route("api:not-found", "POST", "/api/no-such-route/", (404, 404, 404, 404, 404)),
 ]
 _A, _J = "/admin/ratejobs/api", "/admin/ratejobs/job"
 _C, _E = "/admin/ratejobs/call", "/admin/ratejobs/throttleevent"
@@ -79,9 +85,10 @@ ADMIN = [
     Route("admin:ratejobs_api_delete", "GET", f"{_A}/{{api_id}}/delete/",
           ("login", "login", 403, 403, 200)),
     Route("admin:ratejobs_job_changelist", "GET", f"{_J}/", ("login", "login", 200, 200, 200)),
-    # the bulk delete action: offered to superusers only; the others get the list back
+    # the purge action (in place of Django's bulk delete): offered to superusers only; the
+    # others get the list back
     Route("admin:ratejobs_job_changelist", "POST", f"{_J}/", ("login", "login", 200, 200, 302),
-          "delete_selected_jobs"),
+          "purge_selected_jobs"),
     Route("admin:ratejobs_job_add", "GET", f"{_J}/add/", ("login", "login", 200, 200, 200)),
     Route("admin:ratejobs_job_add", "POST", f"{_J}/add/", ("login", "login", 302, 302, 302),
           "job_form"),
@@ -101,6 +108,8 @@ ADMIN = [
           ("login", "login", "gone", "gone", 200)),
     Route("admin:ratejobs_job_delete", "GET", f"{_J}/{{job}}/delete/",
           ("login", "login", 403, 403, 200)),
+    Route("admin:ratejobs_job_delete", "POST", f"{_J}/{{done_job}}/delete/",
+          ("login", "login", 403, 403, 302), "confirm"),
     Route("admin:ratejobs_call_changelist", "GET", f"{_C}/", ("login", "login", 200, 200, 200)),
     Route("admin:ratejobs_call_add", "GET", f"{_C}/add/", ("login", "login", 403, 403, 403)),
     Route("admin:ratejobs_call_change", "GET", f"{_C}/{{call}}/change/",
@@ -125,16 +134,21 @@ ADMIN = [
 
 @pytest.fixture
 def world(make_api, other_user: Any, unique_name: str) -> dict[str, Any]:
-    """Another user's job on an API with a credential: two calls and a throttle event."""
+    """Another user's job on an API with a credential: two calls and a throttle event; and a
+    cancelled one of theirs, which may be purged."""
     api = make_api(credential="secret-of-the-api")
     job = job_create(
         owner=other_user, api=api, name="theirs", calls=[{"path": "/a"}, {"path": "/b"}]
+    )
+    done_job = job_cancel(
+        job=job_create(owner=other_user, api=api, name="theirs-done", calls=[{"path": "/c"}])
     )
     call = Call.objects.filter(job=job).first()
     Call.objects.filter(pk=call.pk).update(response_body=b"their private response")
     event = ThrottleEvent.objects.create(api=api, job=job, call=call, kind="throttled")
     return {"api": api.name, "api_id": api.pk, "job": job.pk, "call": call.pk,
-            "event": event.pk, "unique": unique_name, "api_obj": api}  # fmt: skip
+            "event": event.pk, "unique": unique_name, "api_obj": api,
+            "done_job": done_job.pk}  # fmt: skip
 
 
 def payload(name: str, world: dict[str, Any], role: str) -> dict[str, Any]:
@@ -154,8 +168,10 @@ def payload(name: str, world: dict[str, Any], role: str) -> dict[str, Any]:
     if name == "job_form":
         return {"api": world["api_id"], "name": f"mine-{role}", "priority": 1, "method": "GET",
                 "path_template": "/u/{id}", "values": "1\n2"}  # fmt: skip
-    if name == "delete_selected_jobs":
-        return {"action": "delete_selected", "_selected_action": [world["job"]], "post": "yes"}
+    if name == "purge_selected_jobs":
+        return {"action": "purge_selected", "_selected_action": [world["done_job"]], "post": "yes"}
+    if name == "confirm":
+        return {"post": "yes"}
     return {}
 
 
@@ -228,8 +244,8 @@ def test_admin_page_answers_each_role_as_the_table_says(request, route, world):
             assert "their private response" not in text and "theirs" not in text, (role, route)
         assert "secret-of-the-api" not in response.content.decode()
     assert tuple(answers) == route.expected, dict(zip(ROLES, answers, strict=True))
-    if route.data == "delete_selected_jobs":  # only the superuser, last, could delete it
-        assert not Job.objects.filter(pk=world["job"]).exists()
+    if route.data in ("purge_selected_jobs", "confirm"):  # only the superuser, last, could
+        assert Job.objects.get(pk=world["done_job"]).purge_started is not None
 
 
 def test_other_users_objects_stay_as_they_were_for_everyone_but_a_superuser(request, world):
@@ -247,6 +263,7 @@ def test_other_users_objects_stay_as_they_were_for_everyone_but_a_superuser(requ
     job = Job.objects.get(pk=world["job"])
     assert job.status == "queued" and job.owner.username == "mallory"
     assert Call.objects.filter(job=job, status="pending").count() == 2
+    assert Job.objects.get(pk=world["done_job"]).purge_started is None
     api = Api.objects.get(pk=world["api_id"])
     assert api.credential_encrypted and api.base_url == "https://api.example.com/v1"
 

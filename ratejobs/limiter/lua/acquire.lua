@@ -13,6 +13,7 @@ ARGV[3] lease time-to-live in µs; a lease expires this long after its slot, so 
 ARGV[4] longest acceptable wait in µs, -1 for no limit
 ARGV[5] slot of the reservation being confirmed in µs, -1 when asking anew
 ARGV[6] generation of that reservation, -1 when asking anew
+ARGV[7] the caller's config version (configure.lua's ARGV[9]), 0 when unversioned
 
 Returns {code, wait_us, slot_us, generation, now_us}
   0 GRANTED         send now; slot_us is the granted slot (<= now_us)
@@ -22,13 +23,14 @@ Returns {code, wait_us, slot_us, generation, now_us}
                     gets a new reservation)
   2 TOO_LONG        the earliest slot is wait_us away, more than ARGV[4]; nothing is held
   3 AT_CAPACITY     max_concurrency leases are out; the earliest expires in wait_us
-  4 NOT_CONFIGURED  there is no config hash; nothing changed
+  4 NOT_CONFIGURED  there is no config hash, or it is older than the caller's version; nothing
+                    changed
 Counts grants, new reservations (waits, with their wait), TOO_LONG and AT_CAPACITY answers in
 the state hash (prelude's COUNTERS).
 ]]
 
 local cfg = load_config(KEYS[1])
-if not cfg then
+if not cfg or config_outdated(cfg, ARGV[7]) then
   return {4, 0, 0, 0, 0}
 end
 local weight = tonumber(ARGV[1])

@@ -15,12 +15,14 @@ ARGV[3] lease id prefix, a random token chosen by the caller; slot i's lease is
         prefix .. ':' .. i (i from 1)
 ARGV[4] lease time-to-live in µs, from the slot, as in acquire.lua
 ARGV[5] longest acceptable wait in µs, -1 for no limit: no slot further away is reserved
+ARGV[6] the caller's config version (configure.lua's ARGV[9]), 0 when unversioned
 
 Returns {code, hint_us, generation, now_us, slot_1, ..., slot_n}, n <= count, slots ascending
   code 0          all `count` slots reserved; hint_us is 0
        2 TOO_LONG the next slot is hint_us away, more than ARGV[5]; the n before it are held
        3 AT_CAPACITY  max_concurrency leases are out; the earliest expires in hint_us
-       4 NOT_CONFIGURED  there is no config hash; nothing changed (n = 0)
+       4 NOT_CONFIGURED  there is no config hash, or it is older than the caller's version;
+                         nothing changed (n = 0)
   slot_i <= now_us: granted now (send at once); slot_i > now_us: reserved like acquire.lua's
   WAIT: sleep until it, then confirm it with acquire.lua (ARGV[5], ARGV[6] = slot_i and
   generation) right before sending, so a block or rate cut that came meanwhile is seen.
@@ -28,7 +30,7 @@ Counts grants, waits, and one TOO_LONG or AT_CAPACITY answer when it stopped ear
 ]]
 
 local cfg = load_config(KEYS[1])
-if not cfg then
+if not cfg or config_outdated(cfg, ARGV[6]) then
   return {4, 0, 0, 0}
 end
 local weight = tonumber(ARGV[1])

@@ -8,17 +8,27 @@ KEYS[1] config hash
 KEYS[2] state hash
 ARGV[1..8] rate, period, burst, max_concurrency, adaptive (0/1), min_rate, decrease_factor,
            recovery_seconds
+ARGV[9]    version of these limits at their source of truth, 0 when unversioned
 
-Returns {changed, generation, now_us}: changed is 1 when any value differed from the stored one.
+A configuration older than the stored one (a lower version) is not written: a worker that read
+the limits before an operator changed them must not put the old ones back.
+
+Returns {changed, generation, now_us, outdated}: changed is 1 when any value differed from the
+stored one and was written; outdated is 1 when ARGV[9] was older than the stored version.
 ]]
 
 local fields = {'rate', 'period', 'burst', 'max_concurrency', 'adaptive', 'min_rate',
-  'decrease_factor', 'recovery_seconds'}
+  'decrease_factor', 'recovery_seconds', 'version'}
 local stored = redis.call('HMGET', KEYS[1], unpack(fields))
+if (tonumber(stored[9]) or 0) > tonumber(ARGV[9]) then
+  local now = now_us()
+  return {0, load_state(KEYS[2], now).generation, now, 1}
+end
+-- A new version with the same limits is recorded without starting a new generation.
 local changed = 0
 local pairs_to_set = {}
 for i, field in ipairs(fields) do
-  if stored[i] ~= ARGV[i] then
+  if stored[i] ~= ARGV[i] and field ~= 'version' then
     changed = 1
   end
   pairs_to_set[#pairs_to_set + 1] = field
@@ -26,6 +36,9 @@ for i, field in ipairs(fields) do
 end
 local now = now_us()
 local st = load_state(KEYS[2], now)
+if changed == 0 and stored[9] ~= ARGV[9] then
+  redis.call('HSET', KEYS[1], 'version', ARGV[9])
+end
 if changed == 1 then
   local old = load_config(KEYS[1])
   redis.call('HSET', KEYS[1], unpack(pairs_to_set))
@@ -37,4 +50,4 @@ if changed == 1 then
   end
   new_generation(KEYS[2], st, now)
 end
-return {changed, st.generation, now}
+return {changed, st.generation, now, 0}

@@ -37,7 +37,7 @@ end
 
 local function load_config(key)
   local v = redis.call('HMGET', key, 'rate', 'period', 'burst', 'max_concurrency', 'adaptive',
-    'min_rate', 'decrease_factor', 'recovery_seconds')
+    'min_rate', 'decrease_factor', 'recovery_seconds', 'version')
   if not v[1] then
     return nil
   end
@@ -50,7 +50,15 @@ local function load_config(key)
     min_rate = tonumber(v[6]),
     decrease_factor = tonumber(v[7]),
     recovery_seconds = tonumber(v[8]),
+    version = tonumber(v[9]) or 0,
   }
+end
+
+-- The stored limits are older than the caller's (changed while Redis was down, or rolled back
+-- by a Redis restored from an old snapshot): the caller must configure before anything is
+-- granted, so the database's limits win. caller_version 0 (unversioned) accepts any.
+local function config_outdated(cfg, caller_version)
+  return cfg.version < (tonumber(caller_version) or 0)
 end
 
 -- Schedule times in the returned state are offsets from `now` (exact at that small magnitude);

@@ -34,7 +34,7 @@ class Command(BaseCommand):
         if not states:
             self.stdout.write("no APIs yet: add one in the admin or with POST /api/apis/")
             return
-        rows = [COLUMNS, *(_row(name, state) for name, state in states.items())]
+        rows = [COLUMNS, *(_row(api, states[api.name]) for api in apis)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
         for row in rows:
             self.stdout.write(
@@ -56,9 +56,14 @@ def _state(api: Api) -> LimiterState:
         raise CommandError(f"{api.name}: limiter state unreadable: {exc}", returncode=1) from None
 
 
-def _row(name: str, state: LimiterState) -> tuple[str, ...]:
+def _row(api: Api, state: LimiterState) -> tuple[str, ...]:
+    name = api.name
     if not state.configured:
         return (name, "not configured in Redis (workers restore it at their next call)",
+                *[""] * (len(COLUMNS) - 2))  # fmt: skip
+    if state.config_version < api.limits_version:
+        return (name, f"older limits in Redis (version {state.config_version}, the database's "
+                f"is {api.limits_version}): workers write the database's at their next call",
                 *[""] * (len(COLUMNS) - 2))  # fmt: skip
     per = f"/{state.period:g}s"
     cap = str(state.max_concurrency) if state.max_concurrency else "-"
