@@ -7,7 +7,7 @@ STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
 .PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
-	chaos
+	bench-export chaos
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,3 +52,8 @@ bench-million: venv
 # as a worker does; PostgreSQL only (DATABASE_URL), a few minutes; --rows N for less.
 bench-retention: venv
 	$(PY) -m bench.retention
+
+# A million-call job's results out: export_results and the REST download through gunicorn, in
+# calls/s and peak memory; PostgreSQL only (DATABASE_URL), a few minutes; --calls N for less.
+bench-export: venv
+	$(PY) -m bench.export

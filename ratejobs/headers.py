@@ -1,4 +1,5 @@
-"""Turn HTTP response headers (Retry-After, X-RateLimit-*, IETF RateLimit) into rate-limit hints."""
+"""Turn HTTP response headers (Retry-After, X-RateLimit-*, IETF RateLimit and the dialects of
+OpenAI, Anthropic, Shopify, HubSpot, Salesforce and Discord) into rate-limit hints."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC
+from datetime import UTC, datetime
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, Literal
@@ -26,6 +27,16 @@ EPOCH_MILLIS_THRESHOLD = 1e12
 # Retry-After is meaningful on these. 403 is there for GitHub, which answers its secondary rate
 # limits with a 403 and a Retry-After.
 RETRY_AFTER_STATUSES = frozenset({403, 429, 503})
+# Shopify's REST Admin API leaks 2 requests/s on its standard plan (4, 20 and 40 on larger ones).
+# Its header gives the bucket's fill, not the plan, so a full bucket waits for the slowest leak:
+# on a faster plan that waits a little longer than needed, never too little.
+SHOPIFY_LEAK_PER_SECOND = 2.0
+# A spent quota whose headers never say when it refills: HubSpot's daily limit (midnight in the
+# account's own time zone, which no header gives) and Salesforce's daily API requests (a rolling
+# 24 h). One request asks again after this long: a wrong guess costs one refused request an hour,
+# or at most an hour of quota left unused, where a day's block could waste most of a day.
+UNKNOWN_RESET_PROBE_SECONDS = 60 * 60.0
+DAY_SECONDS = 24 * 60 * 60.0
 
 Source = Literal[
     "ratelimit",  # IETF draft-08 and later: RateLimit: "name";r=..;t=.. (+ RateLimit-Policy)
@@ -33,6 +44,12 @@ Source = Literal[
     "ratelimit-fields",  # IETF drafts up to 06, GitLab: RateLimit-Limit/-Remaining/-Reset
     "x-ratelimit",  # GitHub, Discord, Reddit, ...: X-RateLimit-Limit/-Remaining/-Reset
     "x-rate-limit",  # Twitter/X and others: X-Rate-Limit-Limit/-Remaining/-Reset
+    "discord",  # X-RateLimit-* plus -Reset-After, -Bucket, -Scope and -Global
+    "openai",  # x-ratelimit-{limit,remaining,reset}-{requests,tokens}; resets as "6m0s"
+    "anthropic",  # anthropic-ratelimit-{requests,tokens,...}-{limit,remaining,reset}; RFC 3339
+    "shopify",  # X-Shopify-Shop-Api-Call-Limit: 39/40, a leaky bucket
+    "hubspot",  # X-HubSpot-RateLimit-{Daily,Max,Secondly,...}
+    "salesforce",  # Sforce-Limit-Info: api-usage=25/15000, a daily quota
 ]
 
 
@@ -42,10 +59,14 @@ class QuotaHint:
 
     limit: int | None
     remaining: int | None  # never negative; an overdrawn quota reads 0
-    reset_after: float | None  # seconds from now until the quota refills, 0..MAX_DELAY_SECONDS
+    # Seconds from now until the quota refills, 0..MAX_DELAY_SECONDS: for a leaky bucket until
+    # it takes one more request, for a spent quota that never says when UNKNOWN_RESET_PROBE_SECONDS.
+    reset_after: float | None
     window: float | None  # seconds, when a policy names one
     source: Source
-    policy: str | None = None  # the IETF policy name the numbers came from
+    # What the numbers count: the IETF policy's name, a dimension ("requests", "tokens",
+    # "input-tokens", "daily", "api-usage") or Discord's scope ("user", "shared", "global").
+    policy: str | None = None
 
     @property
     def exhausted(self) -> bool:
@@ -118,6 +139,11 @@ def _quota(fields: dict[str, str], *, now: float, server_now: float | None) -> Q
         *_structured_hints(fields, now=now, server_now=server_now),
         *_dictionary_hints(fields, now=now, server_now=server_now),
         *_separate_field_hints(fields, now=now, server_now=server_now),
+        *_dimension_hints(fields, "openai", now=now, server_now=server_now),
+        *_dimension_hints(fields, "anthropic", now=now, server_now=server_now),
+        *_shopify_hints(fields),
+        *_hubspot_hints(fields),
+        *_salesforce_hints(fields),
         *_prefixed_hints(fields, "x-ratelimit-", "x-ratelimit", now=now, server_now=server_now),
         *_prefixed_hints(fields, "x-rate-limit-", "x-rate-limit", now=now, server_now=server_now),
     ]
@@ -217,19 +243,156 @@ def _prefixed_hints(
 ) -> list[QuotaHint]:
     # X-RateLimit-Limit: 5000, -Remaining: 0, -Reset: 1372700873 (GitHub, an epoch)
     # X-RateLimit-Reset-After: 1.234 (Discord: relative, so no clock to disagree about; preferred)
+    # X-RateLimit-Reset as ISO 8601: Mastodon's has milliseconds or more and Z, Jira's is
+    # yyyy-MM-ddTHH:mmZ (no seconds)
     reset_after = _non_negative(fields.get(prefix + "reset-after"))
     if reset_after is None:
         reset_after = _reset(fields.get(prefix + "reset"), now=now, server_now=server_now)
     else:
         reset_after = _clamp(reset_after)
+    policy = None
+    if source == "x-ratelimit" and any(name in fields for name in _DISCORD_FIELDS):
+        # Discord's limits are per route, per resource ("shared") or global; ours is one per API,
+        # so whichever scope is spent blocks every call to the API, which fails closed.
+        source = "discord"
+        is_global = fields.get("x-ratelimit-global", "").strip().lower() == "true"
+        policy = "global" if is_global else (fields.get("x-ratelimit-scope") or "").strip() or None
     hint = QuotaHint(
         limit=_count(fields.get(prefix + "limit")),
         remaining=_remaining(fields.get(prefix + "remaining")),
         reset_after=reset_after,
         window=None,
         source=source,
+        policy=policy,
     )
     return [hint] if _says_something(hint) else []
+
+
+_DISCORD_FIELDS = frozenset(
+    {"x-ratelimit-reset-after", "x-ratelimit-bucket", "x-ratelimit-scope", "x-ratelimit-global"}
+)
+# Each family's prefix (a cheap test first: every response has a dozen fields that are neither)
+# and the field names that carry a dimension:
+_DIMENSION_FIELDS: dict[Source, tuple[str, re.Pattern[str]]] = {
+    # x-ratelimit-remaining-tokens (OpenAI; Groq and others copy it), and the dimensions OpenAI
+    # adds (tokens_usage_based). Discord's x-ratelimit-reset-after is no dimension.
+    "openai": (
+        "x-ratelimit-",
+        re.compile(r"x-ratelimit-(?P<part>limit|remaining|reset)-(?!after$)(?P<dim>.+)"),
+    ),
+    # anthropic-ratelimit-input-tokens-remaining, ...-requests-reset, ...-unified-reset
+    "anthropic": (
+        "anthropic-ratelimit-",
+        re.compile(r"anthropic-ratelimit-(?P<dim>.+)-(?P<part>limit|remaining|reset)"),
+    ),
+}
+
+
+def _dimension_hints(
+    fields: dict[str, str], source: Source, *, now: float, server_now: float | None
+) -> list[QuotaHint]:
+    """One hint per dimension (requests, tokens, input-tokens, ...) of a family that names the
+    dimension in each field: OpenAI's and Anthropic's."""
+    prefix, pattern = _DIMENSION_FIELDS[source]
+    dimensions: dict[str, dict[str, str]] = {}
+    for name, value in fields.items():
+        if name.startswith(prefix) and (match := pattern.fullmatch(name)):
+            dimensions.setdefault(match["dim"], {})[match["part"]] = value
+    hints = []
+    for dimension, parts in sorted(dimensions.items()):
+        limit = _number(parts.get("limit"))
+        # Only a dimension that counts down is a quota (Anthropic's unified-status and the like
+        # are not); Azure's OpenAI sends -1 for a limit it does not report.
+        if "remaining" not in parts or (limit is not None and limit < 0):
+            continue
+        hint = QuotaHint(
+            limit=_count(parts.get("limit")),
+            remaining=_remaining(parts["remaining"]),
+            reset_after=_reset(parts.get("reset"), now=now, server_now=server_now),
+            window=None,
+            source=source,
+            policy=dimension,
+        )
+        if _says_something(hint):
+            hints.append(hint)
+    return hints
+
+
+_USED_OF = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", re.ASCII)
+
+
+def _shopify_hints(fields: dict[str, str]) -> list[QuotaHint]:
+    # X-Shopify-Shop-Api-Call-Limit: 39/40 (marbles in the bucket / its size). It leaks one request
+    # at a time, so a full bucket takes one leak to admit the next request, not a whole reset.
+    match = _USED_OF.fullmatch(fields.get("x-shopify-shop-api-call-limit", ""))
+    if match is None:
+        return []
+    used, size = int(match[1]), int(match[2])
+    return [
+        QuotaHint(
+            limit=size,
+            remaining=max(0, size - used),
+            reset_after=_clamp(max(0, used - size + 1) / SHOPIFY_LEAK_PER_SECOND),
+            window=None,
+            source="shopify",
+        )
+    ]
+
+
+def _hubspot_hints(fields: dict[str, str]) -> list[QuotaHint]:
+    # X-HubSpot-RateLimit-Daily / -Daily-Remaining: per day (API keys and private apps only)
+    # X-HubSpot-RateLimit-Interval-Milliseconds: 10000, -Max: 100, -Remaining: 99: the burst
+    # window, which HubSpot does not say the start of: a spent one waits a whole window.
+    # X-HubSpot-RateLimit-Secondly / -Secondly-Remaining: per second (deprecated, still sent)
+    prefix = "x-hubspot-ratelimit-"
+    interval_ms = _non_negative(fields.get(prefix + "interval-milliseconds"))
+    interval = None if interval_ms is None else interval_ms / 1000
+    windows = [
+        ("daily", "daily", "daily-remaining", DAY_SECONDS, UNKNOWN_RESET_PROBE_SECONDS),
+        ("interval", "max", "remaining", interval, interval),
+        ("secondly", "secondly", "secondly-remaining", 1.0, 1.0),
+    ]
+    hints = []
+    for policy, limit_name, remaining_name, window, spent_wait in windows:
+        remaining = _remaining(fields.get(prefix + remaining_name))
+        if remaining is None:
+            continue
+        hints.append(
+            QuotaHint(
+                limit=_count(fields.get(prefix + limit_name)),
+                remaining=remaining,
+                reset_after=_clamp(spent_wait) if remaining == 0 and spent_wait else None,
+                window=window,
+                source="hubspot",
+                policy=policy,
+            )
+        )
+    return hints
+
+
+# api-usage=25/15000; per-app-api-usage=17/250(appName=sample-connected-app)
+_SALESFORCE_USAGE = re.compile(
+    r"(?:^|[;,])\s*(api-usage|per-app-api-usage)\s*=\s*([0-9]+)\s*/\s*([0-9]+)", re.ASCII
+)
+
+
+def _salesforce_hints(fields: dict[str, str]) -> list[QuotaHint]:
+    # Sforce-Limit-Info: used/limit of the org's daily API requests, counted over a rolling 24 h:
+    # no header says when enough old calls leave the window, so a spent quota asks again hourly.
+    hints = []
+    for name, used, limit in _SALESFORCE_USAGE.findall(fields.get("sforce-limit-info", "")):
+        remaining = max(0, int(limit) - int(used))
+        hints.append(
+            QuotaHint(
+                limit=int(limit),
+                remaining=remaining,
+                reset_after=UNKNOWN_RESET_PROBE_SECONDS if remaining == 0 else None,
+                window=DAY_SECONDS,
+                source="salesforce",
+                policy=name,
+            )
+        )
+    return hints
 
 
 def _says_something(hint: QuotaHint) -> bool:
@@ -274,13 +437,51 @@ def _remaining(value: str | None) -> int | None:
 
 
 def _reset(value: str | None, *, now: float, server_now: float | None) -> float | None:
+    """Seconds until a reset given as delta-seconds, an epoch (seconds or milliseconds), a
+    duration ("6m0s", OpenAI), an HTTP-date or an ISO 8601 date-time (Anthropic, Mastodon, Jira)."""
     number = _non_negative(value)
     if number is not None:
         return _reset_after(number, now=now, server_now=server_now)
+    duration = _duration(value)
+    if duration is not None:
+        return _clamp(duration)
     moment = _http_date(value)  # a few servers send the reset as an HTTP-date
+    if moment is None:
+        moment = _iso_datetime(value)
     if moment is None:
         return None
     return _clamp(moment - (now if server_now is None else server_now))
+
+
+# Go's time.Duration as OpenAI prints it: "6m0s", "1m12.5s", "20ms", "1h2m3s", "0s".
+_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:h|ms|m|s|us|µs|μs|ns))+")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s|us|µs|μs|ns)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
+                   "μs": 1e-6, "ns": 1e-9}  # fmt: skip
+
+
+def _duration(value: str | None) -> float | None:
+    if value is None or not _DURATION.fullmatch(text := value.strip()):
+        return None
+    return sum(float(n) * _DURATION_UNITS[unit] for n, unit in _DURATION_PART.findall(text))
+
+
+# A date and at least hours and minutes: Jira's "2024-05-21T10:15Z" has no seconds.
+_ISO_DATETIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}", re.ASCII)
+
+
+def _iso_datetime(value: str | None) -> float | None:
+    """Epoch seconds of an ISO 8601 / RFC 3339 date-time; one without an offset is UTC, as
+    every API that sends these means it."""
+    if not value or not _ISO_DATETIME.match(text := value.strip()):
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
 
 
 def _reset_after(value: float, *, now: float, server_now: float | None) -> float:

@@ -153,6 +153,12 @@ class Job(models.Model):
     # and deployments, and the same on every attempt of a call.
     uuid = models.UUIDField(default=uuid.uuid4, editable=False)
     created = models.DateTimeField(auto_now_add=True)
+    # When to run: nothing is dispatched before not_before, and calls not started by the
+    # deadline are cancelled with that reason.
+    not_before = models.DateTimeField(null=True, blank=True, help_text="no call is sent before")
+    deadline = models.DateTimeField(
+        null=True, blank=True, help_text="calls not started by then are cancelled"
+    )
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
     # Set when a purge begins (services.retention): the job leaves every list and page at once,

@@ -9,6 +9,7 @@ import pytest
 
 from ratejobs.headers import (
     MAX_DELAY_SECONDS,
+    UNKNOWN_RESET_PROBE_SECONDS,
     QuotaHint,
     parse_quota,
     parse_retry_after,
@@ -534,3 +535,389 @@ def test_success_with_spent_ietf_policy_blocks_until_its_reset():
 
 def test_absurd_retry_after_blocks_for_at_most_a_day():
     assert throttle_delay(429, {"Retry-After": "315360000"}, now=NOW) == MAX_DELAY_SECONDS
+
+
+# --- OpenAI: x-ratelimit-{limit,remaining,reset}-{requests,tokens} ----------------------------
+# https://platform.openai.com/docs/guides/rate-limits ("Rate limits in headers": its sample
+# values are the ones below)
+OPENAI_DOC_SAMPLE = {
+    "x-ratelimit-limit-requests": "60",
+    "x-ratelimit-limit-tokens": "150000",
+    "x-ratelimit-remaining-requests": "59",
+    "x-ratelimit-remaining-tokens": "149984",
+    "x-ratelimit-reset-requests": "1s",
+    "x-ratelimit-reset-tokens": "6m0s",
+}
+
+
+def test_openai_documented_sample_gives_one_hint_per_dimension():
+    hint = parse_quota(OPENAI_DOC_SAMPLE, now=NOW)
+    # the requests dimension has fewer left (59 against 149984), so it is the one reported
+    assert hint == QuotaHint(
+        limit=60, remaining=59, reset_after=1.0, window=None, source="openai", policy="requests"
+    )
+    assert throttle_delay(200, OPENAI_DOC_SAMPLE, now=NOW) is None
+
+
+def test_openai_spent_tokens_block_for_their_reset_though_requests_remain():
+    # given the documented sample with the tokens of this minute used up
+    headers = {**OPENAI_DOC_SAMPLE, "x-ratelimit-remaining-tokens": "0"}
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.source, hint.policy, hint.remaining, hint.reset_after) == (
+        "openai",
+        "tokens",
+        0,
+        360.0,
+    )
+    # expect: a 200 blocks every worker for the 6 minutes, before any 429
+    assert throttle_delay(200, headers, now=NOW) == 360.0
+
+
+def test_openai_both_dimensions_spent_wait_for_the_later_reset():
+    headers = {
+        **OPENAI_DOC_SAMPLE,
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-remaining-tokens": "0",
+    }
+    assert throttle_delay(429, headers, now=NOW) == 360.0
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        # Go's time.Duration, as OpenAI prints its resets (the guide above: 1s, 6m0s)
+        ("1s", 1.0),
+        ("6m0s", 360.0),
+        ("1m12.5s", 72.5),
+        ("20ms", 0.02),
+        ("0s", 0.0),
+        ("1h2m3s", 3723.0),
+        # https://community.openai.com/t/how-to-get-rate-limit-reset-time-for-response-api/1268905
+        ("12ms", 0.012),
+        # https://console.groq.com/docs/rate-limits (Groq sends OpenAI's headers)
+        ("2m59.56s", 179.56),
+        ("7.66s", 7.66),
+    ],
+)
+def test_openai_reset_durations_are_read(value, seconds):
+    headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": value}
+    assert parse_quota(headers, now=NOW).reset_after == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["m0s", "1.s", "6m 0s", "5 s", "1d", "-1s", "1sm"])
+def test_malformed_durations_are_ignored(value):
+    headers = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": value}
+    assert parse_quota(headers, now=NOW).reset_after is None
+
+
+def test_azure_openai_minus_one_means_not_reported_not_spent():
+    # https://learn.microsoft.com/en-us/answers/questions/5625878/azure-openai-responses-api-x-ratelimit-headers-val
+    headers = {
+        "x-ratelimit-limit-tokens": "-1",
+        "x-ratelimit-remaining-tokens": "-1",
+        "x-ratelimit-reset-tokens": "0",
+    }
+    assert parse_quota(headers, now=NOW) is None
+
+
+def test_discord_reset_after_is_not_an_openai_dimension():
+    headers = {"X-RateLimit-Reset-After": "1.5", "X-RateLimit-Remaining": "0"}
+    assert parse_quota(headers, now=NOW).source == "discord"
+
+
+# --- Anthropic: anthropic-ratelimit-*-{limit,remaining,reset} ---------------------------------
+# https://docs.anthropic.com/en/api/rate-limits ("Response headers"): the page names the fields
+# and gives the resets "in RFC 3339 format"; it has no sample values, so these are in that format.
+ANTHROPIC = {
+    "Date": NOW_DATE,
+    "anthropic-ratelimit-requests-limit": "50",
+    "anthropic-ratelimit-requests-remaining": "49",
+    "anthropic-ratelimit-requests-reset": "2023-11-14T22:13:21Z",
+    "anthropic-ratelimit-tokens-limit": "48000",
+    "anthropic-ratelimit-tokens-remaining": "47000",
+    "anthropic-ratelimit-tokens-reset": "2023-11-14T22:13:22Z",
+    "anthropic-ratelimit-input-tokens-limit": "40000",
+    "anthropic-ratelimit-input-tokens-remaining": "40000",
+    "anthropic-ratelimit-input-tokens-reset": "2023-11-14T22:13:20Z",
+    "anthropic-ratelimit-output-tokens-limit": "8000",
+    "anthropic-ratelimit-output-tokens-remaining": "7000",
+    "anthropic-ratelimit-output-tokens-reset": "2023-11-14T22:13:22Z",
+}
+
+
+def test_anthropic_headers_are_read_with_rfc3339_resets():
+    assert parse_quota(ANTHROPIC, now=NOW) == QuotaHint(
+        limit=50, remaining=49, reset_after=1.0, window=None, source="anthropic", policy="requests"
+    )
+    assert throttle_delay(200, ANTHROPIC, now=NOW) is None
+
+
+def test_anthropic_spent_output_tokens_block_until_their_reset():
+    # given output tokens spent (the page: token counts are rounded to the nearest thousand, so
+    # "0" may hide a few hundred: we take it as spent) for another minute
+    headers = {
+        **ANTHROPIC,
+        "anthropic-ratelimit-output-tokens-remaining": "0",
+        "anthropic-ratelimit-output-tokens-reset": "2023-11-14T22:14:20Z",
+    }
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.policy, hint.remaining, hint.reset_after) == ("output-tokens", 0, 60.0)
+    assert throttle_delay(200, headers, now=NOW) == 60.0
+
+
+def test_anthropic_429_waits_for_the_longer_of_retry_after_and_the_spent_reset():
+    # the page: "retry-after: the number of seconds to wait until you can retry the request"
+    headers = {
+        **ANTHROPIC,
+        "retry-after": "20",
+        "anthropic-ratelimit-requests-remaining": "0",
+        "anthropic-ratelimit-requests-reset": "2023-11-14T22:13:50Z",
+    }
+    assert throttle_delay(429, headers, now=NOW) == 30.0
+
+
+def test_anthropic_reset_with_offset_and_fraction_is_read_on_the_server_clock():
+    # given a server 30 s ahead of us whose reset is 12.5 s after its own now, given in +02:00
+    headers = {
+        "Date": "Tue, 14 Nov 2023 22:13:50 GMT",
+        "anthropic-ratelimit-tokens-remaining": "0",
+        "anthropic-ratelimit-tokens-reset": "2023-11-15T00:14:02.500+02:00",
+    }
+    assert parse_quota(headers, now=NOW).reset_after == 12.5
+
+
+# --- Shopify: X-Shopify-Shop-Api-Call-Limit, a leaky bucket -----------------------------------
+# https://shopify.dev/docs/api/admin-rest/usage/rate-limits (the header, "32/40", a bucket of 40
+# that leaks 2 requests/s on the standard plan, and a 429's "Retry-After: 2.0")
+
+
+@pytest.mark.parametrize(
+    ("value", "remaining"), [("32/40", 8), ("39/40", 1), ("1/40", 39), ("0/80", 80)]
+)
+def test_shopify_bucket_with_room_says_how_much(value, remaining):
+    hint = parse_quota({"X-Shopify-Shop-Api-Call-Limit": value}, now=NOW)
+    assert (hint.source, hint.remaining, hint.reset_after) == ("shopify", remaining, 0.0)
+    assert throttle_delay(200, {"X-Shopify-Shop-Api-Call-Limit": value}, now=NOW) is None
+
+
+def test_shopify_full_bucket_blocks_until_one_request_leaks():
+    headers = {"X-Shopify-Shop-Api-Call-Limit": "40/40"}
+    assert parse_quota(headers, now=NOW) == QuotaHint(
+        limit=40, remaining=0, reset_after=0.5, window=None, source="shopify"
+    )
+    assert throttle_delay(200, headers, now=NOW) == 0.5
+
+
+def test_shopify_429_waits_for_retry_after():
+    headers = {"X-Shopify-Shop-Api-Call-Limit": "40/40", "Retry-After": "2.0"}
+    assert throttle_delay(429, headers, now=NOW) == 2.0
+
+
+@pytest.mark.parametrize("value", ["40", "40/", "/40", "a/40", "39/40/2", "-1/40"])
+def test_shopify_malformed_call_limit_is_ignored(value):
+    assert parse_quota({"X-Shopify-Shop-Api-Call-Limit": value}, now=NOW) is None
+
+
+# --- ISO 8601 resets: Mastodon and Jira --------------------------------------------------------
+
+
+def test_mastodon_iso8601_reset_is_read():
+    # https://docs.joinmastodon.org/api/rate-limits/ ("X-RateLimit-Reset: Timestamp when your
+    # rate limit will reset"; its timestamps are ISO 8601 with milliseconds and Z,
+    # https://docs.joinmastodon.org/api/datetime-format/); a real server sends microseconds
+    headers = {
+        "Date": NOW_DATE,
+        "X-RateLimit-Limit": "300",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "2023-11-14T22:15:00.019685Z",
+    }
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.source, hint.limit, hint.remaining) == ("x-ratelimit", 300, 0)
+    assert hint.reset_after == pytest.approx(100.019685)
+    assert throttle_delay(200, headers, now=NOW) == pytest.approx(100.019685)
+
+
+def test_jira_minute_precision_reset_and_retry_after():
+    # https://developer.atlassian.com/cloud/jira/platform/rate-limiting/ (429s carry Retry-After
+    # and X-RateLimit-Reset, "the timestamp (in ISO 8601 format) when the rate limit will reset
+    # ... in the format yyyy-MM-ddTHH:mmZ")
+    headers = {
+        "Date": NOW_DATE,
+        "Retry-After": "95",
+        "X-RateLimit-Limit": "350",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "2023-11-14T22:15Z",
+    }
+    assert parse_quota(headers, now=NOW).reset_after == 100.0
+    assert throttle_delay(429, headers, now=NOW) == 100.0
+
+
+@pytest.mark.parametrize(
+    "value", ["2023-11-14", "2023-11-14T", "2023-11-14T22", "2023-11-14T25:00Z", "14/11/2023 22:15"]
+)
+def test_partial_or_invalid_iso_resets_are_ignored(value):
+    headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": value}
+    assert parse_quota(headers, now=NOW).reset_after is None
+
+
+# --- Reddit: fractional remaining, used, reset in seconds --------------------------------------
+# https://www.reddit.com/r/redditdev/comments/1yxrp7/formal_ratelimiting_headers/ ("X-Ratelimit-
+# Used: approximate number of requests used in this period; -Remaining: ... left to use; -Reset:
+# approximate number of seconds to end of period"; the window is 10 minutes)
+
+
+def test_reddit_spent_fractional_remaining_blocks_until_the_period_ends():
+    headers = {
+        "X-Ratelimit-Used": "600",
+        "X-Ratelimit-Remaining": "0.0",
+        "X-Ratelimit-Reset": "412",
+    }
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.source, hint.remaining, hint.reset_after) == ("x-ratelimit", 0, 412.0)
+    assert throttle_delay(200, headers, now=NOW) == 412.0
+
+
+def test_reddit_fraction_of_a_request_left_is_none_left():
+    headers = {"X-Ratelimit-Used": "599", "X-Ratelimit-Remaining": "0.6", "X-Ratelimit-Reset": "5"}
+    assert throttle_delay(200, headers, now=NOW) == 5.0
+
+
+# --- Discord: Reset-After, scope and the global flag -------------------------------------------
+# https://discord.com/developers/docs/topics/rate-limits ("Header Format" and "Exceeding A Rate
+# Limit": the sample values below)
+
+
+def test_discord_documented_per_route_headers():
+    headers = {
+        "X-RateLimit-Limit": "5",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "1470173023",
+        "X-RateLimit-Reset-After": "1",
+        "X-RateLimit-Bucket": "abcd1234",
+    }
+    assert parse_quota(headers, now=NOW) == QuotaHint(
+        limit=5, remaining=0, reset_after=1.0, window=None, source="discord"
+    )
+    # expect: the relative reset, though the epoch one is years in our past
+    assert throttle_delay(200, headers, now=NOW) == 1.0
+
+
+def test_discord_documented_429_with_user_scope():
+    headers = {
+        "Retry-After": "65",
+        "X-RateLimit-Limit": "10",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset": "1470173023.123",
+        "X-RateLimit-Reset-After": "64.57",
+        "X-RateLimit-Bucket": "abcd1234",
+        "X-RateLimit-Scope": "user",
+    }
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.policy, hint.reset_after) == ("user", 64.57)
+    assert throttle_delay(429, headers, now=NOW) == 65.0
+
+
+def test_discord_documented_global_429_blocks_the_whole_api_for_retry_after():
+    headers = {"Retry-After": "65", "X-RateLimit-Global": "true", "X-RateLimit-Scope": "global"}
+    assert throttle_delay(429, headers, now=NOW) == 65.0
+
+
+def test_discord_global_flag_names_the_scope():
+    headers = {
+        "X-RateLimit-Global": "true",
+        "X-RateLimit-Remaining": "0",
+        "X-RateLimit-Reset-After": "0.75",
+    }
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.source, hint.policy, hint.reset_after) == ("discord", "global", 0.75)
+
+
+# --- HubSpot: X-HubSpot-RateLimit-* -------------------------------------------------------------
+# https://developers.hubspot.com/docs/api/usage-details ("Rate limits": the headers, a burst
+# window given in milliseconds, a daily limit for API keys and private apps, the deprecated
+# per-second ones) and the changelog that introduced them,
+# https://developers.hubspot.com/changelog/2018-11-06-rate-limit-information-headers-will-be-included-in-http-responses
+HUBSPOT = {
+    "X-HubSpot-RateLimit-Daily": "250000",
+    "X-HubSpot-RateLimit-Daily-Remaining": "249000",
+    "X-HubSpot-RateLimit-Interval-Milliseconds": "10000",
+    "X-HubSpot-RateLimit-Max": "100",
+    "X-HubSpot-RateLimit-Remaining": "97",
+    "X-HubSpot-RateLimit-Secondly": "10",
+    "X-HubSpot-RateLimit-Secondly-Remaining": "9",
+}
+
+
+def test_hubspot_headers_with_room_say_so():
+    hint = parse_quota(HUBSPOT, now=NOW)
+    assert (hint.source, hint.policy, hint.limit, hint.remaining, hint.window) == (
+        "hubspot",
+        "secondly",
+        10,
+        9,
+        1.0,
+    )
+    assert throttle_delay(200, HUBSPOT, now=NOW) is None
+
+
+def test_hubspot_spent_burst_window_blocks_a_whole_window():
+    headers = {**HUBSPOT, "X-HubSpot-RateLimit-Remaining": "0"}
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.policy, hint.window, hint.reset_after) == ("interval", 10.0, 10.0)
+    assert throttle_delay(200, headers, now=NOW) == 10.0
+
+
+def test_hubspot_spent_day_asks_again_after_an_hour():
+    headers = {**HUBSPOT, "X-HubSpot-RateLimit-Daily-Remaining": "0"}
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.policy, hint.window) == ("daily", 86400.0)
+    assert throttle_delay(200, headers, now=NOW) == UNKNOWN_RESET_PROBE_SECONDS
+
+
+def test_hubspot_oauth_headers_have_no_daily_limit():
+    # the OAuth changelog: OAuth calls get the burst headers, not the daily ones
+    headers = {
+        "X-HubSpot-RateLimit-Interval-Milliseconds": "10000",
+        "X-HubSpot-RateLimit-Max": "110",
+        "X-HubSpot-RateLimit-Remaining": "0",
+    }
+    assert throttle_delay(200, headers, now=NOW) == 10.0
+
+
+# --- Salesforce: Sforce-Limit-Info --------------------------------------------------------------
+# https://developer.salesforce.com/docs/atlas.en-us.api_rest.meta/api_rest/headers_api_usage.htm
+# ("api-usage: the daily API usage ... the number of API calls used, and ... the API limit";
+# samples "api-usage=18/5000", "api-usage=25/5000; per-app-api-usage=17/250(appName=...)")
+
+
+def test_salesforce_daily_usage_is_read():
+    headers = {"Sforce-Limit-Info": "api-usage=18/5000"}
+    assert parse_quota(headers, now=NOW) == QuotaHint(
+        limit=5000,
+        remaining=4982,
+        reset_after=None,
+        window=86400.0,
+        source="salesforce",
+        policy="api-usage",
+    )
+
+
+def test_salesforce_per_app_quota_is_a_second_dimension():
+    headers = {
+        "Sforce-Limit-Info": "api-usage=25/5000; "
+        "per-app-api-usage=250/250(appName=sample-connected-app)"
+    }
+    hint = parse_quota(headers, now=NOW)
+    assert (hint.policy, hint.remaining) == ("per-app-api-usage", 0)
+    assert throttle_delay(200, headers, now=NOW) == UNKNOWN_RESET_PROBE_SECONDS
+
+
+@pytest.mark.parametrize("value", ["api-usage=15000/15000", "api-usage=15020/15000"])
+def test_salesforce_spent_day_asks_again_after_an_hour(value):
+    # no header says when the rolling day frees calls again
+    assert throttle_delay(200, {"Sforce-Limit-Info": value}, now=NOW) == UNKNOWN_RESET_PROBE_SECONDS
+
+
+@pytest.mark.parametrize("value", ["api-usage=25", "api-usage=a/b", "usage=1/2", ""])
+def test_salesforce_malformed_usage_is_ignored(value):
+    assert parse_quota({"Sforce-Limit-Info": value}, now=NOW) is None

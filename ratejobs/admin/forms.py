@@ -26,6 +26,12 @@ class JobSubmitForm(forms.Form):
         initial=1,
         help_text="a job of priority 2 gets twice the share of its API as a job of priority 1",
     )
+    not_before = forms.DateTimeField(
+        required=False, label="Not before", help_text="send nothing before this time (optional)"
+    )
+    deadline = forms.DateTimeField(
+        required=False, help_text="cancel the calls not started by this time (optional)"
+    )
     calls_file = forms.FileField(
         required=False,
         label="Calls file",

@@ -13,7 +13,14 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import F, FloatField, QuerySet
 from django.db.models.functions import Cast, Greatest
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -34,6 +41,7 @@ from ratejobs.selectors.jobs import (
     job_timeline,
     throttle_event_list_for_job,
 )
+from ratejobs.selectors.results import RESULTS_FORMATS, job_results_response
 from ratejobs.services.jobs import (
     JOB_ACTIONS,
     CallsInvalid,
@@ -133,7 +141,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     change_form_template = "admin/ratejobs/job/change_form.html"
     actions = ["purge_selected"]
     # Status, counters and timings live in the progress box above, which keeps itself current.
-    readonly_fields = ("name", "api", "owner", "priority", "created")
+    readonly_fields = ("name", "api", "owner", "priority", "created", "not_before", "deadline")
     fields = readonly_fields
 
     class Media:
@@ -216,6 +224,8 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
                 api=data["api"],
                 name=data["name"],
                 priority=data["priority"],
+                not_before=data.get("not_before"),
+                deadline=data.get("deadline"),
                 calls=calls,
             )
         except UploadError as exc:
@@ -224,8 +234,10 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
             for message in calls.error_messages(exc):
                 form.add_error(source, message)
         except ValidationError as exc:
-            for message in exc.messages:
-                form.add_error(None, message)
+            errors = exc.message_dict if hasattr(exc, "error_dict") else {None: exc.messages}
+            for field, messages in errors.items():
+                for message in messages:  # under its own field where the form has one
+                    form.add_error(field if field in form.fields else None, message)
         return None
 
     # --- following and acting ------------------------------------------------------------
@@ -243,6 +255,11 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
                 wrap(require_POST(self.action_view)),
                 name="ratejobs_job_act",
             ),
+            path(
+                "<int:job_id>/results.<str:format>",
+                wrap(self.results_view),
+                name="ratejobs_job_results",
+            ),
             *super().get_urls(),
         ]
 
@@ -255,6 +272,13 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         if request.GET.get("chart"):
             data["chart"] = str(timeline_svg(job_timeline(job)))
         return JsonResponse(data)
+
+    def results_view(self, request: HttpRequest, job_id: int, format: str) -> HttpResponseBase:
+        """The job's results file, as the REST API serves it, to whoever sees the job here."""
+        job = self._job_for(request, job_id)
+        if format not in RESULTS_FORMATS:
+            raise Http404("no such format")
+        return job_results_response(job, format)
 
     def action_view(self, request: HttpRequest, job_id: int, action: str) -> HttpResponse:
         job = self._job_for(request, job_id)
@@ -298,6 +322,10 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
                     for name in JOB_ACTIONS
                 ],
                 progress_url=reverse("admin:ratejobs_job_progress", args=[job.pk]),
+                results_downloads=[
+                    (name.upper(), reverse("admin:ratejobs_job_results", args=[job.pk, name]))
+                    for name in RESULTS_FORMATS
+                ],
             )
         return super().change_view(request, object_id, form_url, extra_context=context)
 

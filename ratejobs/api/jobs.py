@@ -5,12 +5,12 @@ Users see only their own jobs (404 for anyone else's); superusers see every job
 
 from __future__ import annotations
 
-import base64
 import re
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS
+from django.http import StreamingHttpResponse
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -19,8 +19,11 @@ from drf_spectacular.utils import (
     OpenApiResponse,
     extend_schema,
     extend_schema_field,
+    extend_schema_view,
 )
 from rest_framework import exceptions, generics, serializers, status
+from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
@@ -40,9 +43,10 @@ from ratejobs.selectors.jobs import (
     job_get_by_idempotency_key,
     job_get_for_user,
     job_list_for_user,
-    response_body_text,
+    response_body_output,
     throttle_event_list_for_job,
 )
+from ratejobs.selectors.results import RESULT_FIELDS, RESULTS_FORMATS, job_results_response
 from ratejobs.services.jobs import (
     CallsInvalid,
     JobActionRefused,
@@ -88,6 +92,8 @@ class JobOutputSerializer(serializers.Serializer):
         min_value=0, max_value=1, help_text="share of calls finished, 0 to 1"
     )
     created = serializers.DateTimeField()
+    not_before = serializers.DateTimeField(allow_null=True)
+    deadline = serializers.DateTimeField(allow_null=True)
     started = serializers.DateTimeField(allow_null=True)
     finished = serializers.DateTimeField(allow_null=True)
 
@@ -164,6 +170,14 @@ class JobUploadParamsSerializer(StrictInputSerializer):
     priority = serializers.IntegerField(
         required=False, min_value=1, max_value=MAX_PRIORITY, help_text="1 (default) to 10"
     )
+    not_before = serializers.DateTimeField(
+        required=False, help_text="no call is sent before this time (ISO 8601)"
+    )
+    deadline = serializers.DateTimeField(
+        required=False,
+        help_text="calls not started by this time are cancelled, with that reason; in the "
+        "future, and after not_before",
+    )
 
 
 class JobCreateInputSerializer(JobUploadParamsSerializer):
@@ -231,18 +245,11 @@ class CallOutputSerializer(serializers.Serializer):
 
     @extend_schema_field(serializers.CharField(allow_null=True))
     def get_response_body(self, call: Call) -> str | None:
-        body = self._body(call)
-        text = response_body_text(body, truncated=call.response_truncated)
-        if text is None and body is not None:
-            return base64.b64encode(bytes(body)).decode("ascii")
-        return text
+        return response_body_output(self._body(call), truncated=call.response_truncated)[0]
 
     @extend_schema_field(OpenApiTypes.BOOL)
     def get_response_body_base64(self, call: Call) -> bool:
-        body = self._body(call)
-        return (
-            body is not None and response_body_text(body, truncated=call.response_truncated) is None
-        )
+        return response_body_output(self._body(call), truncated=call.response_truncated)[1]
 
     @extend_schema_field(OpenApiTypes.BOOL)
     def get_response_body_omitted(self, call: Call) -> bool:
@@ -542,6 +549,61 @@ class JobCallDetailView(APIView):
         """One call of the job by its index, with its whole stored response body."""
         call = call_get_for_job(job_get_for_user(request.user, job_id), index)
         return Response(CallOutputSerializer(call).data)
+
+
+class _JsonErrorsWhateverIsAccepted(BaseContentNegotiation):
+    """A results file is what it is whatever Accept asks for; an error before it is JSON (no
+    406 for `Accept: text/csv`)."""
+
+    def select_renderer(
+        self, request: Request, renderers: list[Any], format_suffix: str | None = None
+    ) -> tuple[Any, str]:
+        return renderers[0], renderers[0].media_type
+
+
+class _JobResultsView(APIView):
+    """GET: the job's results file; see RESULTS_FORMATS for the row format."""
+
+    format_name = ""
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = _JsonErrorsWhateverIsAccepted
+
+    def get(self, request: Request, job_id: int) -> StreamingHttpResponse:
+        return job_results_response(job_get_for_user(request.user, job_id), self.format_name)
+
+
+def _results_schema(format_name: str, summary: str) -> Any:
+    media_type = RESULTS_FORMATS[format_name].media_type.split(";")[0]
+    return extend_schema(
+        operation_id=f"jobs_results_{format_name}",
+        description=summary
+        + " Every call of the job in index order, streamed (a job of a million calls too): "
+        f"{', '.join(RESULT_FIELDS)}. The body is the stored response body as UTF-8 text, or "
+        "base64 when response_body_base64 is true; empty (null) when there is none or when "
+        "response_removed_at says retention removed it. Another user's job is a 404.",
+        parameters=[
+            OpenApiParameter(
+                "Content-Disposition",
+                {"type": "string"},
+                OpenApiParameter.HEADER,
+                response=[200],
+                description=f'attachment; filename="job-<id>-results.{format_name}"',
+            )
+        ],
+        responses={(200, media_type): OpenApiResponse(OpenApiTypes.STR, "the results file")},
+    )
+
+
+@extend_schema_view(get=_results_schema("jsonl", "The job's results as JSON lines."))
+class JobResultsJsonlView(_JobResultsView):
+    format_name = "jsonl"
+
+
+@extend_schema_view(
+    get=_results_schema("csv", "The job's results as CSV, a header line first (RFC 4180).")
+)
+class JobResultsCsvView(_JobResultsView):
+    format_name = "csv"
 
 
 class JobThrottleEventListView(generics.GenericAPIView):

@@ -22,6 +22,12 @@ urlpatterns = [
         jobs.JobCallDetailView.as_view(),
         name="job-call-detail",
     ),
+    path(
+        "jobs/<int:job_id>/results.jsonl",
+        jobs.JobResultsJsonlView.as_view(),
+        name="job-results-jsonl",
+    ),
+    path("jobs/<int:job_id>/results.csv", jobs.JobResultsCsvView.as_view(), name="job-results-csv"),
     path("jobs/<int:job_id>/events/", jobs.JobThrottleEventListView.as_view(), name="job-events"),
     path("jobs/<int:job_id>/pause/", jobs.JobPauseView.as_view(), name="job-pause"),
     path("jobs/<int:job_id>/resume/", jobs.JobResumeView.as_view(), name="job-resume"),

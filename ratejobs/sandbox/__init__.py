@@ -8,7 +8,9 @@ Every request to an API route is an *arrival*. The server decides it on arrival 
 bucket of `real_rate` (default `rate`) per `period` with `burst`, on time.monotonic_ns; over the
 limit it answers 429 `{"error": "rate limited"}` with Retry-After (unless disabled). The quota
 headers (`github`: X-RateLimit-Limit/-Remaining/-Reset as an epoch; `ietf`: RateLimit-Policy
-and RateLimit) advertise `rate` on every response, including 429s.
+and RateLimit; `openai`: x-ratelimit-*-requests with a duration reset; `anthropic`:
+anthropic-ratelimit-requests-* with an RFC 3339 reset; `shopify`: X-Shopify-Shop-Api-Call-Limit,
+used/burst) advertise `rate` on every response, including 429s.
 
 Idempotency, as Stripe's: a request carrying a key in `idempotency_header` (default
 Idempotency-Key; "" turns it off) whose key was answered before gets that first answer again

@@ -10,9 +10,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-HeaderStyle = Literal["github", "ietf", "none"]
+HeaderStyle = Literal["github", "ietf", "openai", "anthropic", "shopify", "none"]
 RetryAfterFormat = Literal["delta", "date"]
-HEADER_STYLES: tuple[HeaderStyle, ...] = ("github", "ietf", "none")
+HEADER_STYLES: tuple[HeaderStyle, ...] = (
+    "github",
+    "ietf",
+    "openai",
+    "anthropic",
+    "shopify",
+    "none",
+)
 RETRY_AFTER_FORMATS: tuple[RetryAfterFormat, ...] = ("delta", "date")
 
 # An arrival costs about 150 bytes of log; a million is hours of demo traffic or a long benchmark.

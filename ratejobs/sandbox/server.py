@@ -11,6 +11,7 @@ import socketserver
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -343,7 +344,40 @@ def _quota_headers(admission: Admission) -> list[tuple[str, str]]:
                 f'"default";r={admission.remaining};t={math.ceil(admission.reset_after)}',
             ),
         ]
+    # The sandbox counts requests only, so the AI dialects get their requests dimension; tokens
+    # are a budget of their own that it does not keep.
+    if config.headers == "openai":
+        return [
+            ("x-ratelimit-limit-requests", _number(config.rate)),
+            ("x-ratelimit-remaining-requests", str(admission.remaining)),
+            ("x-ratelimit-reset-requests", _go_duration(admission.reset_after)),
+        ]
+    if config.headers == "anthropic":
+        reset = datetime.fromtimestamp(math.ceil(time.time() + admission.reset_after), UTC)
+        return [
+            ("anthropic-ratelimit-requests-limit", _number(config.rate)),
+            ("anthropic-ratelimit-requests-remaining", str(admission.remaining)),
+            ("anthropic-ratelimit-requests-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ]
+    if config.headers == "shopify":
+        # Marbles in the bucket / its size: the burst is the bucket, the rate its leak.
+        used = config.burst - admission.remaining
+        return [("X-Shopify-Shop-Api-Call-Limit", f"{used}/{config.burst}")]
     return []
+
+
+def _go_duration(seconds: float) -> str:
+    """Seconds as Go prints a time.Duration ("20ms", "1.25s", "6m0s"), in whole milliseconds
+    rounded up, as OpenAI sends its resets: never earlier than the quota is whole again."""
+    millis = math.ceil(seconds * 1000)
+    if millis < 1000:
+        return f"{millis}ms" if millis else "0s"
+    minutes, millis = divmod(millis, 60_000)
+    hours, minutes = divmod(minutes, 60)
+    text = f"{millis / 1000:.3f}".rstrip("0").rstrip(".") + "s"
+    if hours:
+        return f"{hours}h{minutes}m{text}"
+    return f"{minutes}m{text}" if minutes else text
 
 
 def _retry_after_value(admission: Admission) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import codecs
 import math
 from collections.abc import Iterable
@@ -222,6 +223,17 @@ def response_body_text(body: bytes | memoryview | None, *, truncated: bool) -> s
         return codecs.getincrementaldecoder("utf-8")().decode(bytes(body), final=not truncated)
     except UnicodeDecodeError:
         return None
+
+
+def response_body_output(
+    body: bytes | memoryview | None, *, truncated: bool
+) -> tuple[str | None, bool]:
+    """The body as the REST API and the results files give it, and whether that is base64:
+    its text when UTF-8, else base64; (None, False) when there is none."""
+    text = response_body_text(body, truncated=truncated)
+    if text is None and body is not None:
+        return base64.b64encode(body).decode("ascii"), True
+    return text, False
 
 
 def response_removed_text(call: Call) -> str | None:

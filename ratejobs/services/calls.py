@@ -100,6 +100,8 @@ def calls_claim(
     api = job.api
     token = token or uuid.uuid4().hex
     now = database_now()
+    if job.deadline is not None and job.deadline <= now:
+        return []  # not started by the deadline: the reconciler cancels them with that reason
     # The claimable rows are locked in id order, skipping those another transaction holds
     # (a pause or a cancel changing them, another claim): the claim never waits on a row, so
     # it can never be part of a deadlock, and a call being cancelled is left to the cancel.

@@ -12,7 +12,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import redis
 from celery import current_app
@@ -84,11 +84,13 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
         jobs = sorted(
             Job.objects.select_for_update()
             .filter(api_id=api_id, status__in=Job.ACTIVE)
+            .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+            .filter(Q(deadline__isnull=True) | Q(deadline__gt=now))
             .order_by("pk"),
             key=lambda job: (job.dispatch_pass, job.pk),
         )
         if not jobs:
-            return DispatchResult(0, None)
+            return DispatchResult(0, _next_start(api_id, now))
         due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
         candidates = {
             job.pk: deque(
@@ -127,7 +129,20 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
                 dispatched_at__isnull=True,
                 next_attempt_at__gt=now,
             ).aggregate(first=Min("next_attempt_at"))["first"]
+    starts = _next_start(api_id, now)
+    if starts is not None and (next_due is None or starts < next_due):
+        next_due = starts
     return DispatchResult(len(call_ids), next_due)
+
+
+def _next_start(api_id: int, now: datetime) -> datetime | None:
+    """When the API's next job that waits for its not_before may start, if that is within a
+    reconciler's run: wake-ups come every few seconds at most, and a job starting in an hour
+    is the reconciler's to find, not a chain of wake-ups'."""
+    soon = now + timedelta(seconds=settings.RATEJOBS_RECONCILE_INTERVAL)
+    return Job.objects.filter(
+        api_id=api_id, status__in=Job.ACTIVE, not_before__gt=now, not_before__lte=soon
+    ).aggregate(first=Min("not_before"))["first"]
 
 
 def _share_fairly(

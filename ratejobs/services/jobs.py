@@ -20,6 +20,7 @@ from ratejobs.execution.urls import check_headers, resolve_url, validate_method
 from ratejobs.models import Api, Call, Job, JobSecond
 from ratejobs.permissions import can_submit_to
 from ratejobs.services.dispatch import request_dispatch
+from ratejobs.services.workers import database_now
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +165,8 @@ def job_submit(
     priority: int = 1,
     idempotency_key: str | None = None,
     max_calls: int | None = None,
+    not_before: datetime | None = None,
+    deadline: datetime | None = None,
 ) -> tuple[Job, bool]:
     """Store a job and all its calls, or nothing: one transaction, rolled back on the first
     invalid call (after collecting a few more errors) or when `calls` itself raises. Returns
@@ -178,6 +181,9 @@ def job_submit(
     RATEJOBS_MAX_ACTIVE_JOBS_PER_USER unfinished jobs, at most
     RATEJOBS_MAX_PENDING_CALLS_PER_USER calls not yet final over them, and at most `max_calls`
     calls in this job (RATEJOBS_MAX_CALLS_PER_REQUEST when not given).
+
+    `not_before`: no call is sent before then. `deadline`: calls not started by then are
+    cancelled with that reason; it must be in the future, and after not_before.
     """
     replayed = _job_with_key(owner, idempotency_key)
     if replayed is not None:
@@ -187,7 +193,9 @@ def job_submit(
             f"You may not submit jobs to the API {api.name!r}: it takes jobs only from the "
             "members of its submitter groups."
         )
-    job = Job(owner=owner, api=api, name=name, priority=priority, idempotency_key=idempotency_key)
+    _check_schedule(not_before, deadline)
+    job = Job(owner=owner, api=api, name=name, priority=priority, idempotency_key=idempotency_key,
+              not_before=not_before, deadline=deadline)  # fmt: skip
     job.full_clean(exclude=["owner", "api", "idempotency_key"])
     try:
         with transaction.atomic():
@@ -209,6 +217,20 @@ def job_submit(
             return Job.objects.get(owner=owner, idempotency_key=idempotency_key), False
         raise
     return job, True
+
+
+def _check_schedule(not_before: datetime | None, deadline: datetime | None) -> None:
+    errors = {}
+    for name, value in (("not_before", not_before), ("deadline", deadline)):
+        if value is not None and timezone.is_naive(value):
+            errors[name] = "give a time zone (e.g. 2026-12-01T08:00:00Z)"
+    if not errors and deadline is not None:
+        if deadline <= timezone.now():
+            errors["deadline"] = "the deadline has passed already"
+        elif not_before is not None and deadline <= not_before:
+            errors["deadline"] = "the deadline must come after not_before"
+    if errors:
+        raise ValidationError(errors)
 
 
 def _job_with_key(owner: Any, idempotency_key: str | None) -> Job | None:
@@ -462,10 +484,36 @@ def job_cancel_leftovers() -> int:
     return leftovers
 
 
-def _cancel_pending_calls(*, job_id: int, now) -> int:
+def jobs_cancel_past_deadline(*, api_id: int | None = None) -> int:
+    """Cancel the calls not started by their job's deadline (pending, in the broker or not),
+    with that reason; calls running now finish. Returns how many were cancelled."""
+    now = database_now()
+    jobs = Job.objects.filter(
+        deadline__lte=now,
+        status__in=(*Job.ACTIVE, Job.Status.PAUSED),
+        calls__status=Call.Status.PENDING,
+    )
+    if api_id is not None:
+        jobs = jobs.filter(api_id=api_id)
+    cancelled = 0
+    for job_id, deadline in set(jobs.values_list("pk", "deadline")):
+        with transaction.atomic():
+            job_lock(job_id)
+            reason = f"not started by the job's deadline ({deadline.isoformat()})"
+            cancelled += _cancel_pending_calls(job_id=job_id, now=now, error=reason)
+        job_complete_if_done(job_id=job_id)
+    return cancelled
+
+
+def _cancel_pending_calls(*, job_id: int, now, error: str = "") -> int:
     """Cancel and count the job's pending calls; the caller holds the job's row lock."""
+    reason = {"error": error} if error else {}
     cancelled = Call.objects.filter(job_id=job_id, status=Call.Status.PENDING).update(
-        status=Call.Status.CANCELLED, finished=now, dispatched_at=None, next_attempt_at=None
+        status=Call.Status.CANCELLED,
+        finished=now,
+        dispatched_at=None,
+        next_attempt_at=None,
+        **reason,
     )
     if cancelled:
         Job.objects.filter(pk=job_id).update(cancelled=F("cancelled") + cancelled)

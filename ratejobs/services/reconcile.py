@@ -18,7 +18,11 @@ from django.db.models import Q, QuerySet
 from ratejobs.models import Call, Job
 from ratejobs.services.apis import redis_client
 from ratejobs.services.dispatch import dispatch_api, request_dispatch, schedule_wakeup
-from ratejobs.services.jobs import job_cancel_leftovers, job_complete_if_done
+from ratejobs.services.jobs import (
+    job_cancel_leftovers,
+    job_complete_if_done,
+    jobs_cancel_past_deadline,
+)
 from ratejobs.services.workers import database_now, owner_is_dead, workers_forget_long_gone
 
 logger = logging.getLogger(__name__)
@@ -116,7 +120,7 @@ def reconcile() -> ReconcileResult:
         dispatched_at=None
     )
     recovered = calls_recover_orphans(now)
-    leftovers = job_cancel_leftovers()
+    leftovers = job_cancel_leftovers() + jobs_cancel_past_deadline()
     # One job or API that cannot be handled (a row no check caught, a bug) is logged with its
     # id and skipped: it must not stop the others' completion and dispatch every run.
     completed = 0

@@ -119,3 +119,13 @@ def test_an_unknown_file_type_is_refused(root_client, api):
     response = submit(root_client, api, calls_file=upload)
     assert "unsupported file type" in response.content.decode()
     assert Job.objects.count() == 0
+
+
+def test_a_deadline_already_passed_is_shown_under_its_field(root_client, api):
+    response = submit(
+        root_client, api, method="GET", path_template="/users/{id}", values="1",
+        deadline="2001-01-01 00:00:00",
+    )  # fmt: skip
+    assert response.status_code == 200
+    assert response.context["form"].errors["deadline"] == ["the deadline has passed already"]
+    assert not Job.objects.exists()

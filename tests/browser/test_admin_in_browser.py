@@ -8,6 +8,7 @@ Redis, the sandbox API as the third party, and Chromium.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,6 +76,13 @@ def test_submit_a_job_pause_resume_and_watch_it_complete(
     # a completed job without failures offers no action
     assert page.locator(".rj-actions button:visible").count() == 0
     print("job page:", screenshot(page, "job-page"))
+
+    # and downloads its results with the page's button: a row a call, after the header
+    with page.expect_download() as download:
+        page.click("text=Download results (CSV)")
+    assert download.value.suggested_filename == f"job-{job.pk}-results.csv"
+    lines = Path(download.value.path()).read_text().splitlines()
+    assert len(lines) == CALLS + 1 and lines[0].startswith("index,method,path,status,")
 
     job.refresh_from_db()
     assert (job.status, job.succeeded, job.failed) == ("completed", CALLS, 0)

@@ -70,3 +70,25 @@ def test_response_with_quota_left_changes_nothing(make_limiter):
     headers = {"X-RateLimit-Remaining": "10", "X-RateLimit-Reset": "30"}
     assert limiter.observe(limiter.acquire(), 200, headers) is None
     assert limiter.state().blocked_for == 0
+
+
+def test_openai_spent_tokens_block_everyone_for_their_reset_though_requests_remain(make_limiter):
+    # given OpenAI's documented sample (platform.openai.com/docs/guides/rate-limits) with the
+    # minute's tokens used up: requests remain, tokens come back in 6m0s
+    limiter = make_limiter(LimiterConfig(rate=100))
+    headers = {
+        "x-ratelimit-limit-requests": "60",
+        "x-ratelimit-limit-tokens": "150000",
+        "x-ratelimit-remaining-requests": "59",
+        "x-ratelimit-remaining-tokens": "0",
+        "x-ratelimit-reset-requests": "1s",
+        "x-ratelimit-reset-tokens": "6m0s",
+    }
+    feedback = limiter.observe(limiter.acquire(), 200, headers)
+    # expect: a block of six minutes, not a throttle; nobody is let through meanwhile
+    assert feedback is not None and not feedback.accepted
+    assert 359.0 < feedback.blocked_for <= 360.0
+    assert limiter.state().counts.throttles == 0
+    with pytest.raises(WaitTooLong) as waited:
+        limiter.acquire(max_wait=0.2)
+    assert waited.value.retry_after > 359.0

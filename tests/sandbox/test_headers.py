@@ -86,3 +86,46 @@ def test_headers_none_sends_no_quota_headers(make_sandbox, session, path):
     sandbox = make_sandbox(headers="none")
     response = session.get(sandbox.url + path)
     assert parse_quota(response.headers, now=time.time()) is None
+
+
+def test_openai_headers_count_requests_down_and_parse(make_sandbox, session):
+    # given 4 per 2 s with a burst of 4: each request puts the full quota 500 ms further off
+    sandbox = make_sandbox(rate=4, period=2, burst=4, headers="openai")
+    responses = [session.get(sandbox.url + "/x") for _ in range(4)]
+    assert [r.headers["x-ratelimit-remaining-requests"] for r in responses] == ["3", "2", "1", "0"]
+    assert {r.headers["x-ratelimit-limit-requests"] for r in responses} == {"4"}
+    last = responses[-1].headers["x-ratelimit-reset-requests"]
+    assert last.endswith("s") and not last.startswith("-")
+    hint = parse_quota(responses[-1].headers, now=time.time())
+    assert (hint.source, hint.policy, hint.limit, hint.remaining) == ("openai", "requests", 4, 0)
+    # four requests of 500 ms each, less the moments between them, rounded up to a millisecond
+    assert 1.5 < hint.reset_after <= 2.001
+
+
+def test_anthropic_headers_reset_at_a_whole_second_never_early(make_sandbox, session):
+    sandbox = make_sandbox(rate=2, period=1, burst=2, headers="anthropic")
+    before = time.time()
+    responses = [session.get(sandbox.url + "/x") for _ in range(2)]
+    headers = responses[-1].headers
+    assert headers["anthropic-ratelimit-requests-remaining"] == "0"
+    assert headers["anthropic-ratelimit-requests-reset"].endswith("Z")
+    hint = parse_quota(headers, now=time.time())
+    assert (hint.source, hint.policy, hint.limit, hint.remaining) == (
+        "anthropic",
+        "requests",
+        2,
+        0,
+    )
+    # a second of debt, rounded up to the next whole second and measured against a Date that
+    # has whole seconds too: at least the second, at most about three
+    reset = parse_quota(headers, now=before).reset_after
+    assert 0.9 <= reset <= 3.0
+
+
+def test_shopify_header_fills_the_bucket(make_sandbox, session):
+    sandbox = make_sandbox(rate=2, period=1, burst=3, headers="shopify")
+    values = [session.get(sandbox.url + "/x").headers["X-Shopify-Shop-Api-Call-Limit"]
+              for _ in range(3)]  # fmt: skip
+    assert values == ["1/3", "2/3", "3/3"]
+    hint = parse_quota({"X-Shopify-Shop-Api-Call-Limit": values[-1]}, now=time.time())
+    assert (hint.source, hint.remaining, hint.reset_after) == ("shopify", 0, 0.5)

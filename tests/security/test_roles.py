@@ -51,6 +51,10 @@ REST = [
     Route("api:job-calls", "GET", "/api/jobs/{job}/calls/", (401, 404, 404, 404, 200)),
     Route("api:job-call-detail", "GET", "/api/jobs/{job}/calls/0/", (401, 404, 404, 404, 200)),
     Route("api:job-events", "GET", "/api/jobs/{job}/events/", (401, 404, 404, 404, 200)),
+    Route("api:job-results-jsonl", "GET", "/api/jobs/{job}/results.jsonl",
+          (401, 404, 404, 404, 200)),
+    Route("api:job-results-csv", "GET", "/api/jobs/{job}/results.csv",
+          (401, 404, 404, 404, 200)),
     Route("api:job-pause", "POST", "/api/jobs/{job}/pause/", (401, 404, 404, 404, 200)),
     Route("api:job-resume", "POST", "/api/jobs/{job}/resume/", (401, 404, 404, 404, 409)),
     Route("api:job-cancel", "POST", "/api/jobs/{job}/cancel/", (401, 404, 404, 404, 200)),
@@ -104,6 +108,10 @@ ADMIN = [
           ("login", "login", 404, 404, 302)),
     Route("admin:ratejobs_job_act", "POST", f"{_J}/{{job}}/act/retry-failed/",
           ("login", "login", 404, 404, 302)),
+    Route("admin:ratejobs_job_results", "GET", f"{_J}/{{job}}/results.jsonl",
+          ("login", "login", 404, 404, 200)),
+    Route("admin:ratejobs_job_results", "GET", f"{_J}/{{job}}/results.csv",
+          ("login", "login", 404, 404, 200)),
     Route("admin:ratejobs_job_history", "GET", f"{_J}/{{job}}/history/",
           ("login", "login", "gone", "gone", 200)),
     Route("admin:ratejobs_job_delete", "GET", f"{_J}/{{job}}/delete/",
@@ -185,6 +193,13 @@ def answer(response: Any) -> Any:
     return response.status_code
 
 
+def body_text(response: Any) -> str:
+    """The whole body, streamed (a results file) or not."""
+    if response.streaming:
+        return b"".join(response.streaming_content).decode()
+    return response.content.decode()
+
+
 def people(request: pytest.FixtureRequest) -> dict[str, Any]:
     return {role: None if role == "anonymous" else request.getfixturevalue(role) for role in ROLES}
 
@@ -218,7 +233,7 @@ def test_rest_route_answers_each_role_as_the_table_says(request, route, world):
     for role, user in people(request).items():
         response = rest_request(rest_client(user), route, world, role)
         answers.append(answer(response))
-        text = response.content.decode()
+        text = body_text(response)
         if role != "superuser":  # nothing of the other user's job leaks, in a list or not
             assert f'"id":{world["job"]},' not in text, (role, route)
             assert "their private response" not in text, (role, route)
@@ -240,9 +255,9 @@ def test_admin_page_answers_each_role_as_the_table_says(request, route, world):
             response = client.post(path, payload(route.data, world, role))
         answers.append(answer(response))
         if response.status_code == 200 and role != "superuser":
-            text = response.content.decode()
+            text = body_text(response)
             assert "their private response" not in text and "theirs" not in text, (role, route)
-        assert "secret-of-the-api" not in response.content.decode()
+        assert "secret-of-the-api" not in body_text(response)
     assert tuple(answers) == route.expected, dict(zip(ROLES, answers, strict=True))
     if route.data in ("purge_selected_jobs", "confirm"):  # only the superuser, last, could
         assert Job.objects.get(pk=world["done_job"]).purge_started is not None

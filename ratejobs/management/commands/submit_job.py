@@ -3,8 +3,10 @@ end with a progress bar; the exit status says whether every call succeeded."""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,14 @@ class Command(BaseCommand):
             "of priority 1 (default: 1)",
         )  # fmt: skip
         parser.add_argument(
+            "--not-before", type=_moment, metavar="TIME",
+            help="send nothing before this time, ISO 8601 with its zone (2026-12-01T08:00Z)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--deadline", type=_moment, metavar="TIME",
+            help="cancel the calls not started by this time, ISO 8601 with its zone",
+        )  # fmt: skip
+        parser.add_argument(
             "--wait", action="store_true", help="show progress until the job is done"
         )
         parser.add_argument(
@@ -92,6 +102,8 @@ class Command(BaseCommand):
                 name=options["name"] or ("calls from standard input" if path == "-" else
                                          Path(path).name),
                 priority=options["priority"],
+                not_before=options["not_before"],
+                deadline=options["deadline"],
                 calls=calls,
             )  # fmt: skip
         except UploadError as exc:
@@ -177,6 +189,18 @@ def _problems(exc: ValidationError) -> str:
         for field, messages in exc.message_dict.items()
         for message in messages
     )
+
+
+def _moment(text: str) -> datetime:
+    """An ISO 8601 time with its zone (Z or an offset): a time without one would be read in
+    whatever zone the server runs in."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone: add Z or an offset")
+    return moment
 
 
 def _owner(username: str | None) -> Any:
