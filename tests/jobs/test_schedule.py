@@ -73,7 +73,11 @@ def test_a_deadline_in_the_past_or_before_not_before_is_refused(make_api: Any, u
 
 @pytest.mark.django_db
 def test_the_rest_api_takes_and_shows_the_schedule(
-    client_for: Any, user: Any, make_api: Any, services_redis: None
+    client_for: Any,
+    user: Any,
+    make_api: Any,
+    services_redis: None,
+    throttles_in_the_test_redis: None,
 ) -> None:
     api = make_api()
     client = client_for(user)
