@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, PermissionDenied, ValidationError
 from django.db import DatabaseError, IntegrityError, connection, transaction
-from django.db.models import Count, F, Min, Sum
+from django.db.models import Count, F, Min, QuerySet, Sum
 from django.utils import timezone
 
 from ratejobs.execution.request import merge_headers
@@ -471,20 +471,11 @@ def job_cancel(*, job: Job) -> Job:
 def job_cancel_leftovers() -> int:
     """Cancel calls that became pending again in a cancelled job (taken back from a worker
     that died mid-call) so that every call of the job is final; returns how many."""
-    leftovers = 0
-    job_ids = (
-        Job.objects.filter(status=Job.Status.CANCELLED, calls__status=Call.Status.PENDING)
-        .values_list("pk", flat=True)
-        .distinct()
-    )
-    for job_id in list(job_ids):
-        with transaction.atomic():
-            job_lock(job_id)
-            leftovers += _cancel_pending_calls(job_id=job_id, now=timezone.now())
-    return leftovers
+    jobs = Job.objects.filter(status=Job.Status.CANCELLED, calls__status=Call.Status.PENDING)
+    return _cancel_pending_in(jobs, now=timezone.now(), reason=lambda deadline: "")
 
 
-def jobs_cancel_past_deadline(*, api_id: int | None = None) -> int:
+def jobs_cancel_past_deadline() -> int:
     """Cancel the calls not started by their job's deadline (pending, in the broker or not),
     with that reason; calls running now finish. Returns how many were cancelled."""
     now = database_now()
@@ -493,14 +484,24 @@ def jobs_cancel_past_deadline(*, api_id: int | None = None) -> int:
         status__in=(*Job.ACTIVE, Job.Status.PAUSED),
         calls__status=Call.Status.PENDING,
     )
-    if api_id is not None:
-        jobs = jobs.filter(api_id=api_id)
+    return _cancel_pending_in(
+        jobs,
+        now=now,
+        reason=lambda deadline: f"not started by the job's deadline ({deadline.isoformat()})",
+    )
+
+
+def _cancel_pending_in(
+    jobs: QuerySet[Job], *, now: datetime, reason: Callable[[datetime | None], str]
+) -> int:
+    """Cancel the pending calls of `jobs` (a query joined to their pending calls), one job per
+    transaction under its lock, with reason(job's deadline) as their error; then complete each
+    job that has nothing left to run."""
     cancelled = 0
-    for job_id, deadline in set(jobs.values_list("pk", "deadline")):
+    for job_id, deadline in list(jobs.values_list("pk", "deadline").distinct()):
         with transaction.atomic():
             job_lock(job_id)
-            reason = f"not started by the job's deadline ({deadline.isoformat()})"
-            cancelled += _cancel_pending_calls(job_id=job_id, now=now, error=reason)
+            cancelled += _cancel_pending_calls(job_id=job_id, now=now, error=reason(deadline))
         job_complete_if_done(job_id=job_id)
     return cancelled
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from ratejobs.models import Call, Job
-from ratejobs.services.apis import redis_client
+from ratejobs.services.apis import connect_redis, redis_client
 from ratejobs.services.dispatch import dispatch_api, request_dispatch, schedule_wakeup
 from ratejobs.services.jobs import (
     job_cancel_leftovers,
@@ -102,13 +102,13 @@ def _broker_client() -> redis.Redis | None:
     if url == settings.REDIS_URL and not settings.REDIS_CLUSTER:
         return redis_client()
     if url.startswith(("redis://", "rediss://", "unix://")):
-        return _plain_client(url)
+        return _broker_redis(url)
     return None
 
 
 @functools.cache
-def _plain_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+def _broker_redis(url: str) -> redis.Redis:
+    return connect_redis(url, sentinels=[], sentinel_master="", cluster=False)
 
 
 def reconcile() -> ReconcileResult:
