@@ -7,7 +7,7 @@ STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
 .PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
-	bench-export chaos
+	bench-export bench-adaptive chaos
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ lint: venv
 
 bench-limiter: venv
 	$(PY) -m bench.limiter
+
+# An API enforcing 40 % of its advertised rate: plain CUBIC, learning the real limit, and a
+# plain token bucket, one 600-call job each (about a minute).
+bench-adaptive: venv
+	$(PY) -m bench.adaptive
 
 # ratejobs end to end against the sandbox with no limit, next to bare Celery (a few minutes).
 bench-jobs: venv

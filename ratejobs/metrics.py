@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
@@ -18,9 +19,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from ratejobs.limiter import LimiterState
-from ratejobs.selectors.apis import api_limiter_readings, api_list
+from ratejobs.limiter import LimiterError, LimiterState
+from ratejobs.selectors.apis import (
+    api_key_buckets,
+    api_limiter_readings,
+    api_list_marking_credentials,
+)
 from ratejobs.selectors.jobs import call_counts_by_api, job_counts_by_status
+
+if TYPE_CHECKING:
+    from ratejobs.limiter.core import WindowState
 
 # Per API, from its limiter state: (type, name, help, value). Rates are per second whatever
 # the API's period, so that dashboards can compare APIs.
@@ -39,12 +47,25 @@ LIMITER_METRICS: list[tuple[type, str, str, Callable[[LimiterState], float]]] = 
      lambda s: s.current_rate / s.period),
     (GaugeMetricFamily, "ratejobs_limiter_rate_ceiling", "configured rate, requests per second",
      lambda s: s.rate / s.period),
+    (GaugeMetricFamily, "ratejobs_limiter_learned_rate",
+     "the API's real limit as the adaptive rate learned it, requests per second (0 until "
+     "measured)", lambda s: (s.learned_rate or 0.0) / s.period),
     (GaugeMetricFamily, "ratejobs_limiter_blocked_seconds",
      "seconds until every worker may send again", lambda s: s.blocked_for),
     (GaugeMetricFamily, "ratejobs_limiter_in_flight", "requests in flight across workers",
      lambda s: s.in_flight),
     (GaugeMetricFamily, "ratejobs_limiter_max_concurrency", "in-flight cap, 0 for none",
      lambda s: s.max_concurrency),
+]  # fmt: skip
+
+# Per window of an API's limits (besides its main rate), labelled with Window.label ("300/60s",
+# "90000 cost/60s"): units, in the window's own unit (requests or cost).
+WINDOW_METRICS: list[tuple[str, str, Callable[[WindowState], float]]] = [
+    ("ratejobs_limiter_window_remaining", "units of the window that may go now",
+     lambda w: w.remaining),
+    ("ratejobs_limiter_window_full_seconds",
+     "seconds until the window's whole burst is back (its quota refilled)", lambda w: w.full_in),
+    ("ratejobs_limiter_window_burst", "units the window holds when full", lambda w: w.window.burst),
 ]  # fmt: skip
 
 # Why a request for a slot was not granted at once, and the count that says how often.
@@ -59,13 +80,15 @@ class RatejobsCollector(Collector):
     """Reads everything at scrape time: one Redis script per API and three small queries."""
 
     def collect(self) -> Iterator[Metric]:
-        apis = list(api_list())
+        apis = list(api_list_marking_credentials())
         readings = api_limiter_readings(apis)
         up = GaugeMetricFamily(
             "ratejobs_limiter_up", "1 when the limiter state was read from Redis", labels=["api"]
         )
         families = [(kind(name, doc, labels=["api"]), value) for kind, name, doc, value in
                     LIMITER_METRICS]  # fmt: skip
+        windows = [(GaugeMetricFamily(name, doc, labels=["api", "window"]), value)
+                   for name, doc, value in WINDOW_METRICS]  # fmt: skip
         waits = CounterMetricFamily(
             "ratejobs_limiter_waits", "slot requests not granted at once, by reason",
             labels=["api", "reason"],
@@ -80,14 +103,36 @@ class RatejobsCollector(Collector):
                 family.add_metric([api.name], value(state))
             for reason, field in WAIT_REASONS.items():
                 waits.add_metric([api.name, reason], getattr(state.counts, field))
+            for window in state.windows:
+                for family, value in windows:
+                    family.add_metric([api.name, window.window.label], value(window))
         yield up
         yield from (family for family, _ in families)
+        yield from (family for family, _ in windows)
         yield waits
+        yield self._key_buckets([api for api in apis if readings[api.pk].state is not None])
         yield self._calls({api.pk: api.name for api in apis})
         jobs = GaugeMetricFamily("ratejobs_jobs", "jobs by status", labels=["status"])
         for status, count in job_counts_by_status().items():
             jobs.add_metric([status], count)
         yield jobs
+
+    @staticmethod
+    def _key_buckets(apis: list) -> Metric:
+        """Credential keys with a live bucket, per API (one gauge per API, never a label per
+        key); only for APIs with credentials, each a bounded SCAN of Redis."""
+        family = GaugeMetricFamily(
+            "ratejobs_limiter_key_buckets",
+            "credential keys with a live limiter bucket (bounded count)",
+            labels=["api"],
+        )
+        for api in apis:
+            if api.has_credentials:
+                try:
+                    family.add_metric([api.name], api_key_buckets(api, top=0).live)
+                except LimiterError:
+                    continue  # ratejobs_limiter_up says Redis is not answering
+        return family
 
     @staticmethod
     def _calls(names: dict[int, str]) -> Metric:

@@ -9,12 +9,19 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
 from ratejobs.limiter import LimiterConfig
-from ratejobs.limiter.config import MAX_BURST, MAX_CONCURRENCY, MAX_PERIOD, MAX_RATE
+from ratejobs.limiter.config import (
+    MAX_BURST,
+    MAX_CONCURRENCY,
+    MAX_COST,
+    MAX_PERIOD,
+    MAX_RATE,
+    Window,
+)
 
 # Priority weights a job's share of its API against the other running jobs (stride scheduling).
 MAX_PRIORITY = 10
@@ -25,6 +32,21 @@ MAX_THROTTLED_RETRIES = 1000
 MAX_ATTEMPTS = 100
 MIN_TIMEOUT = 0.1
 MAX_TIMEOUT = 600.0
+# A credential's key: also part of its limiter's name (`{api}:{key}`), so never a ':'.
+CREDENTIAL_KEY_PATTERN = r"^[A-Za-z0-9_.-]{1,100}\Z"
+CREDENTIAL_KEY_MAX_LENGTH = 100
+CREDENTIAL_KEY_MESSAGE = "a credential key is 1 to 100 of A-Z a-z 0-9 _ . -"
+
+
+def api_windows(limits: object) -> tuple[Window, ...]:
+    """An API's stored `limits` as the limiter's windows; ValueError when they are not (the
+    services check them item by item first: services.apis.limits_errors)."""
+    if not isinstance(limits, list):
+        raise ValueError("limits must be a list of windows")
+    try:
+        return tuple(Window(**item) for item in limits)
+    except TypeError as exc:  # not an object, or fields a window does not have
+        raise ValueError(f"limits: {exc}") from None
 
 
 class Api(models.Model):
@@ -75,6 +97,29 @@ class Api(models.Model):
         help_text="header carrying a key that is the same on every attempt of a call "
         "(e.g. Idempotency-Key); empty: none sent",
     )
+    # Windows besides rate/period/burst (an hourly and a daily quota, tokens per minute): a
+    # list of {"rate", "period", "burst", "unit"} checked by limiter.config.Window in the
+    # services; every grant must fit each of them (one script).
+    limits = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='more windows every call must fit, e.g. [{"rate": 10000, "period": 86400, '
+        '"burst": 1000}]; "unit": "cost" counts each call\'s cost (tokens) instead of requests',
+    )
+    # Where a response says what the call really cost (tokens used), to correct the estimate
+    # charged to the cost windows: a header, or a dotted path into a JSON body.
+    cost_header = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="response header carrying the call's actual cost (e.g. X-Tokens-Used); "
+        "empty: none",
+    )
+    cost_json_field = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="dotted path to the actual cost in a JSON response (e.g. usage.total_tokens); "
+        "empty: none",
+    )
     # A secret is either named by an environment variable of the workers, or stored encrypted
     # (Fernet); it is never stored, returned or logged in clear.
     credential_env = models.CharField(max_length=200, blank=True)
@@ -117,7 +162,28 @@ class Api(models.Model):
             adaptive=self.adaptive,
             min_rate=self.min_rate,
             version=self.limits_version,
+            windows=api_windows(self.limits),
         )
+
+    @property
+    def max_cost(self) -> int | None:
+        """The largest cost one call may have (None: cost is not limited); read from the
+        stored windows without building them, as it is checked for every submitted call."""
+        bursts = [
+            w.get("burst")
+            for w in self.limits
+            if isinstance(w, dict) and w.get("unit") == "cost" and isinstance(w.get("burst"), int)
+        ] if isinstance(self.limits, list) else []  # fmt: skip
+        return min(bursts) if bursts else None
+
+
+class CallbackStatus(models.TextChoices):
+    """Where a finished job's callback stands; blank: no callback, or the job is not finished."""
+
+    PENDING = "pending"  # waiting for its (next) attempt
+    SENDING = "sending"  # a worker holds it and is sending it now
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # given up: attempts used up, a 4xx, or an address the policy refuses
 
 
 class Job(models.Model):
@@ -149,6 +215,17 @@ class Job(models.Model):
     # job's pass by 1/priority, and the job with the lowest pass goes next.
     dispatch_pass = models.FloatField(default=0.0)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    # Whose quota the calls spend: an ApiCredential of the API by key (its own secret and its
+    # own limiter bucket); blank: the API's own credential. A call may name its own.
+    # db_default too (both here and on Call): rows written by SQL that names no key (an older
+    # worker during a deploy, a bulk load) use the API's own credential.
+    credential_key = models.CharField(
+        max_length=CREDENTIAL_KEY_MAX_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+        validators=[RegexValidator(CREDENTIAL_KEY_PATTERN, CREDENTIAL_KEY_MESSAGE)],
+    )
     # With the call's index, the key an API's idempotency_header carries: unique across jobs
     # and deployments, and the same on every attempt of a call.
     uuid = models.UUIDField(default=uuid.uuid4, editable=False)
@@ -168,6 +245,23 @@ class Job(models.Model):
     # Set once retention has cleared the response bodies of every call of the finished job, so
     # later runs skip it; a retry of its failed calls clears it.
     bodies_removed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Where the job's summary is POSTed, signed with the owner's SigningKey, each time the job
+    # finishes (services.callbacks); the outbound address policy applies as to an API's calls.
+    callback_url = models.URLField(max_length=2000, blank=True)
+    callback_status = models.CharField(
+        max_length=16, choices=CallbackStatus.choices, blank=True, editable=False
+    )
+    # The id of the current delivery (X-Ratejobs-Delivery), new at each finish and the same on
+    # every attempt of it, so a receiver can drop a repeat; a sender may record its attempt only
+    # while the delivery it claimed is still the current one.
+    callback_delivery = models.UUIDField(null=True, blank=True, editable=False)
+    callback_attempts = models.PositiveIntegerField(default=0, editable=False)
+    callback_last_error = models.TextField(blank=True, editable=False)
+    callback_next_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # A sender holds the delivery until then; past it, the sender is presumed dead and the
+    # reconciler gives the delivery back.
+    callback_claimed_until = models.DateTimeField(null=True, blank=True, editable=False)
+    callback_delivered_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         ordering = ["-created"]
@@ -210,6 +304,10 @@ class Call(models.Model):
     headers = models.JSONField(null=True, blank=True)
     json = models.JSONField(null=True, blank=True)
     body = models.TextField(null=True, blank=True)
+    # This call's own ApiCredential key; blank: the job's (Job.credential_key).
+    credential_key = models.CharField(
+        max_length=CREDENTIAL_KEY_MAX_LENGTH, blank=True, default="", db_default=""
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.PositiveIntegerField(default=0, help_text="requests sent")
     throttled_count = models.PositiveIntegerField(default=0, help_text="429s received")
@@ -233,6 +331,20 @@ class Call(models.Model):
     response_removed_at = models.DateTimeField(null=True, blank=True, editable=False)
     error = models.TextField(blank=True)
     duration = models.FloatField(null=True, blank=True, help_text="seconds of the last request")
+    # What the call is expected to cost in the API's "cost" windows (tokens), charged when its
+    # slot is granted; 0 takes nothing from them. cost_used is what the last response said it
+    # cost (cost_header / cost_json_field), the difference charged or refunded then.
+    # db_default too: rows written by SQL that names no cost (an older worker during a
+    # deploy, a bulk load) cost nothing, rather than failing the insert.
+    cost = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        validators=[MaxValueValidator(MAX_COST)],
+        help_text="estimated cost (tokens)",
+    )
+    cost_used = models.PositiveIntegerField(
+        null=True, blank=True, help_text="cost the last response reported; null: none reported"
+    )
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
@@ -279,6 +391,29 @@ class Call(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.path} (job {self.job_id} #{self.index})"
+
+
+class ApiCredential(models.Model):
+    """One customer's credential for an API, named by a key: calls naming the key send its
+    secret and are paced by a limiter bucket of their own (`{api}:{key}`) with the API's
+    limits, created on first use. The secret is stored encrypted (Fernet) and never shown."""
+
+    api = models.ForeignKey(Api, on_delete=models.CASCADE, related_name="credentials")
+    key = models.CharField(
+        max_length=CREDENTIAL_KEY_MAX_LENGTH,
+        validators=[RegexValidator(CREDENTIAL_KEY_PATTERN, CREDENTIAL_KEY_MESSAGE)],
+    )
+    credential_encrypted = models.TextField(editable=False)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["api", "key"]
+        constraints = [
+            models.UniqueConstraint(fields=["api", "key"], name="api_credential_unique_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.api_id}:{self.key}"
 
 
 class JobSecond(models.Model):
@@ -344,3 +479,20 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.owner
+
+
+class SigningKey(models.Model):
+    """A user's secret for signing job callbacks (HMAC-SHA256), stored encrypted with the API
+    credentials' Fernet key; shown once, when it is made or rotated."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="signing_key"
+    )
+    secret_encrypted = models.TextField(editable=False)
+    created = models.DateTimeField(help_text="when the current secret was made")
+    rotated = models.DateTimeField(
+        null=True, blank=True, help_text="when the secret was last replaced; null: never"
+    )
+
+    def __str__(self) -> str:
+        return f"signing key of {self.user}"

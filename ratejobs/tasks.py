@@ -9,9 +9,9 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from ratejobs.services import callbacks, retention
 from ratejobs.services import dispatch as dispatching
 from ratejobs.services import reconcile as reconciling
-from ratejobs.services import retention
 from ratejobs.services.engine import calls_start
 
 
@@ -30,6 +30,12 @@ from ratejobs.services.engine import calls_start
 )
 def execute_calls(job_id: int, call_ids: list[int]) -> int:
     return calls_start(job_id=job_id, call_ids=call_ids)
+
+
+# Two runs of one message (a redelivery) are harmless: the delivery is claimed before it is sent.
+@shared_task(name=callbacks.CALLBACK_TASK, acks_late=True)
+def job_callback(job_id: int) -> str:
+    return callbacks.job_callback_send(job_id=job_id)
 
 
 @shared_task(name=dispatching.DISPATCH_TASK, acks_late=True)

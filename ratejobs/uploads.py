@@ -20,7 +20,7 @@ from ratejobs.services.jobs import CallsInvalid
 # One line or row of a file may be this long: a file without newlines cannot force itself
 # into memory whole. A call's body is capped at 1 MiB, so 4 MiB leaves room for JSON escaping.
 MAX_LINE_BYTES = 4 * 1024 * 1024
-CSV_COLUMNS = ("method", "path", "query", "headers", "json", "body")
+CSV_COLUMNS = ("method", "path", "query", "headers", "json", "body", "cost", "credential_key")
 JSON_COLUMNS = ("headers", "json")
 
 csv.field_size_limit(MAX_LINE_BYTES)  # process-wide in the csv module; no per-reader limit
@@ -133,8 +133,11 @@ def _csv_call(cells: dict[str, str], line: int) -> dict:
     for name, cell in cells.items():
         if not cell.strip():
             continue
-        if name in ("method", "path"):
+        if name in ("method", "path", "credential_key"):
             spec[name] = cell.strip()
+        elif name == "cost":  # a whole number; anything else is left for the service to name
+            text = cell.strip()
+            spec[name] = int(text) if text.isascii() and text.isdigit() else text
         elif name == "body":
             spec[name] = cell
         elif name == "query" and not cell.lstrip().startswith("{"):
@@ -161,9 +164,12 @@ def _query_from_string(query: str) -> dict[str, Any]:
 _PLACEHOLDER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def calls_from_template(*, method: str, path_template: str, values: Iterable[str]) -> NumberedCalls:
-    """`/users/{id}` and one value per line: one call per value. A value fills the single
-    placeholder quoted, so it can neither add path segments nor a query."""
+def calls_from_template(
+    *, method: str, path_template: str, values: Iterable[str], cost: int = 0
+) -> NumberedCalls:
+    """`/users/{id}` and one value per line: one call per value, each of estimated `cost`. A
+    value fills the single placeholder quoted, so it can neither add path segments nor a
+    query."""
     names = (
         {field for _, field, _, _ in string.Formatter().parse(path_template) if field is not None}
         if _braces_balanced(path_template)
@@ -174,11 +180,11 @@ def calls_from_template(*, method: str, path_template: str, values: Iterable[str
             "the path template needs exactly one placeholder such as {id}, e.g. /users/{id}"
         )
     (name,) = names
-    return NumberedCalls(_numbered_template_calls(method, path_template, name, values))
+    return NumberedCalls(_numbered_template_calls(method, path_template, name, values, cost))
 
 
 def _numbered_template_calls(
-    method: str, path_template: str, name: str, values: Iterable[str]
+    method: str, path_template: str, name: str, values: Iterable[str], cost: int
 ) -> Iterator[tuple[int, dict]]:
     for line_number, value in enumerate(values, start=1):
         value = value.strip()
@@ -191,6 +197,7 @@ def _numbered_template_calls(
             {
                 "method": method,
                 "path": path_template.replace("{" + name + "}", quote(value, safe="")),
+                **({"cost": cost} if cost else {}),
             },
         )
 

@@ -55,22 +55,33 @@ def start_worker(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
     workers: list[Worker] = []
 
     def start(concurrency: int = 2, **env_overrides: str) -> Worker:
-        name = f"test-{uuid.uuid4().hex[:8]}@%h"
         log = tmp_path / f"worker-{len(workers)}.log"
-        process = _start_celery(
-            ["worker", "-c", str(concurrency), "-P", "prefork", "-n", name, "--without-gossip",
-             "--without-mingle", "--without-heartbeat"],
-            log, {**_worker_env(redis_url), **env_overrides},
-        )  # fmt: skip
-        worker = Worker(process, log, name)
+        worker = launch_worker(redis_url, log, concurrency, **env_overrides)
         workers.append(worker)
-        _wait_for_log(worker, " ready.")
         return worker
 
     yield start
     for worker in workers:
         worker.stop()
     app.control.purge()
+
+
+def launch_worker(redis_url: str, log: Path, concurrency: int = 2, **env_overrides: str) -> Worker:
+    """`celery -A project worker` on the test DB and broker, once it is ready; for a fixture of
+    a wider scope than start_worker's (the caller stops it)."""
+    name = f"test-{uuid.uuid4().hex[:8]}@%h"
+    process = _start_celery(
+        ["worker", "-c", str(concurrency), "-P", "prefork", "-n", name, "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        log, {**_worker_env(redis_url), **env_overrides},
+    )  # fmt: skip
+    worker = Worker(process, log, name)
+    try:
+        _wait_for_log(worker, " ready.")
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
 
 
 @pytest.fixture

@@ -188,6 +188,15 @@ RATEJOBS_WORKER_DEAD_AFTER = env.float("RATEJOBS_WORKER_DEAD_AFTER", default=30.
 RATEJOBS_RECONCILE_INTERVAL = env.float("RATEJOBS_RECONCILE_INTERVAL", default=30.0)
 # A dispatched call not started after this long lost its broker message (Redis restart).
 RATEJOBS_STALE_DISPATCH_SECONDS = env.float("RATEJOBS_STALE_DISPATCH_SECONDS", default=120.0)
+# Job callbacks (services.callbacks): attempts of one delivery, and the backoff between them
+# (equal jitter: half of min(cap, base * 2**n) plus up to as much again). The defaults spread 8
+# attempts over about 23 to 46 minutes; the cap stays under the broker's visibility timeout,
+# since each retry waits in the broker as a countdown.
+RATEJOBS_CALLBACK_MAX_ATTEMPTS = env.int("RATEJOBS_CALLBACK_MAX_ATTEMPTS", default=8)
+RATEJOBS_CALLBACK_BACKOFF_BASE = env.float("RATEJOBS_CALLBACK_BACKOFF_BASE", default=30.0)
+RATEJOBS_CALLBACK_BACKOFF_CAP = env.float("RATEJOBS_CALLBACK_BACKOFF_CAP", default=900.0)
+# Seconds one attempt may take in all (connect, send, the receiver's answer).
+RATEJOBS_CALLBACK_TIMEOUT = env.float("RATEJOBS_CALLBACK_TIMEOUT", default=10.0)
 
 # Days throttle events, and the response bodies and headers stored on calls of finished jobs,
 # are kept; 0 keeps them for ever. Beat removes older ones in batches (services.retention).
@@ -253,6 +262,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "ratejobs.models.Job.Status",
         "CallStatusEnum": "ratejobs.models.Call.Status",
+        "WindowUnitEnum": "ratejobs.limiter.config.WINDOW_UNITS",
     },
     # Every operation lists the errors it can answer, with the API's error body.
     "POSTPROCESSING_HOOKS": [

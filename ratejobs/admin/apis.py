@@ -18,9 +18,15 @@ from django.views.decorators.http import require_POST
 from ratejobs.admin.access import ManagerAccess, sees_every_job
 from ratejobs.admin.forms import ApiAdminForm
 from ratejobs.execution.request import MASK
-from ratejobs.limiter import LimiterError
+from ratejobs.limiter import LimiterError, LimiterState
 from ratejobs.models import Api, ThrottleEvent
-from ratejobs.selectors.apis import LimiterReading, api_limiter_readings
+from ratejobs.selectors.apis import (
+    LimiterReading,
+    api_key_buckets,
+    api_limiter_readings,
+    credential_list,
+    window_text,
+)
 from ratejobs.services.apis import (
     EDITABLE_FIELDS,
     api_block,
@@ -28,6 +34,7 @@ from ratejobs.services.apis import (
     api_limiter_reset,
     api_update,
 )
+from ratejobs.services.credentials import credential_delete, credentials_add
 
 # Longest block an operator may set by hand: a day, enough for any published quota reset.
 MAX_MANUAL_BLOCK_SECONDS = 86_400
@@ -52,6 +59,15 @@ def credential_text(api: Api) -> str:
     return "none"
 
 
+def learned_limit_text(state: LimiterState) -> str:
+    """The API's real limit as the adaptive rate learned it from throttles."""
+    if not state.adaptive:
+        return "- (not adaptive)"
+    if state.learned_rate is None:
+        return "not measured yet (no throttle so far)"
+    return f"{state.learned_rate:.3g} per {state.period:g} s (held just under it)"
+
+
 def limiter_state_table(reading: LimiterReading) -> str:
     """The live limiter state as the operator wants it: pace now against the ceiling, how
     long everyone is blocked, what is in flight."""
@@ -66,7 +82,9 @@ def limiter_state_table(reading: LimiterReading) -> str:
     rows = [
         ("current rate", f"{state.current_rate:.3g} per {state.period:g} s"),
         ("ceiling", f"{state.rate:.3g} per {state.period:g} s (burst {state.burst})"),
+        *(("limit", window_text(window)) for window in state.windows),
         ("adaptive", f"yes, floor {state.min_rate:.3g}" if state.adaptive else "no"),
+        ("learned limit", learned_limit_text(state)),
         ("blocked", blocked),
         ("next free slot in", f"{state.next_free_in:.3f} s"),
         (
@@ -84,6 +102,32 @@ def limiter_state_table(reading: LimiterReading) -> str:
             *[cell for row in rows for cell in row],
         ),
     )
+
+
+# Credential keys listed on an API's page; a search finds the others.
+CREDENTIALS_SHOWN = 50
+
+
+def credentials_context(request: HttpRequest, api: Api) -> dict[str, Any]:
+    """The page's credentials per customer: how many, the first CREDENTIALS_SHOWN keys (of a
+    search, ?credential_search=), and the key buckets live in Redis. Never a secret."""
+    search = request.GET.get("credential_search", "")[:100]
+    everyone = credential_list(api=api)
+    shown = credential_list(api=api, search=search)
+    try:
+        buckets, buckets_error = api_key_buckets(api), None
+    except LimiterError as exc:
+        buckets, buckets_error = None, f"key buckets unavailable: {type(exc).__name__}"
+    return {
+        "credential_count": everyone.count(),
+        "credential_search": search,
+        "credentials_shown": list(shown[:CREDENTIALS_SHOWN]),
+        "credentials_matching": shown.count() if search else None,
+        "key_buckets": buckets,
+        "key_buckets_error": buckets_error,
+        "credential_save_url": reverse("admin:ratejobs_api_credential_save", args=[api.pk]),
+        "credential_delete_url": reverse("admin:ratejobs_api_credential_delete", args=[api.pk]),
+    }
 
 
 @admin.register(Api)
@@ -114,6 +158,7 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
                     ("rate", "period", "burst"),
                     "max_concurrency",
                     ("adaptive", "min_rate"),
+                    "limits",
                 )
             },
         ),
@@ -126,6 +171,7 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
                     "default_headers",
                     "auth_header",
                     "idempotency_header",
+                    ("cost_header", "cost_json_field"),
                     "credential_status",
                     "credential",
                     "clear_credential",
@@ -172,7 +218,8 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
 
     @admin.display(description="limit", ordering="rate")
     def limit_column(self, api: Api) -> str:
-        return f"{api.rate:g} / {api.period:g} s"
+        more = f" + {len(api.limits)} more" if api.limits else ""
+        return f"{api.rate:g} / {api.period:g} s{more}"
 
     @admin.display(description="rate now")
     def current_rate_column(self, api: Api) -> str:
@@ -217,6 +264,16 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
                 wrap(require_POST(self.block_view)),
                 name="ratejobs_api_block",
             ),
+            path(
+                "<int:api_id>/credentials/",
+                wrap(require_POST(self.credential_save_view)),
+                name="ratejobs_api_credential_save",
+            ),
+            path(
+                "<int:api_id>/credentials/delete/",
+                wrap(require_POST(self.credential_delete_view)),
+                name="ratejobs_api_credential_delete",
+            ),
             *super().get_urls(),
         ]
 
@@ -232,11 +289,33 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
     def reset_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
         api = self._api_for_action(request, api_id)
         try:
-            api_limiter_reset(api=api)
+            keys = api_limiter_reset(api=api)
         except LimiterError as exc:
             self.message_user(request, f"Could not reset the limiter: {exc}", messages.ERROR)
         else:
-            self.message_user(request, "Limiter reset: full rate, no block, no leases.")
+            also = f" (and the buckets of {keys} credential keys)" if keys else ""
+            self.message_user(request, f"Limiter reset{also}: full rate, no block, no leases.")
+        return self._back(api)
+
+    def credential_save_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
+        """Add a credential key, or give an existing one a new secret."""
+        api = self._api_for_action(request, api_id)
+        key, secret = request.POST.get("key", ""), request.POST.get("secret", "")
+        try:
+            credentials_add(api=api, items=[(key, secret)], replace=True)
+        except ValidationError as exc:
+            self.message_user(request, "; ".join(exc.messages), messages.ERROR)
+        else:
+            self.message_user(request, f"Credential {key!r} stored (encrypted).")
+        return self._back(api)
+
+    def credential_delete_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
+        api = self._api_for_action(request, api_id)
+        key = request.POST.get("key", "")
+        if credential_delete(api=api, key=key):
+            self.message_user(request, f"Credential {key!r} deleted.")
+        else:
+            self.message_user(request, f"No credential {key!r}.", messages.ERROR)
         return self._back(api)
 
     def block_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
@@ -286,6 +365,7 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
                 recent_throttles=recent.filter(kind=ThrottleEvent.Kind.THROTTLED).count(),
                 recent_events=recent_events,
                 reset_url=reverse("admin:ratejobs_api_reset", args=[api.pk]),
+                **credentials_context(request, api),
                 block_url=reverse("admin:ratejobs_api_block", args=[api.pk]),
                 max_block=MAX_MANUAL_BLOCK_SECONDS,
             )

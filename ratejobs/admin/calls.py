@@ -52,10 +52,22 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
     ordering = ("job", "index")
     fieldsets = (
         (None, {"fields": ("job", "index", "status", "error")}),
-        ("Request", {"fields": ("method", "path", "query", "headers", "json", "body")}),
+        (
+            "Request",
+            {"fields": ("method", "path", "query", "headers", "json", "body", "sent_with_key")},
+        ),
         (
             "Response",
-            {"fields": ("status_code", "duration", "response_headers", "response_view")},
+            {
+                "fields": (
+                    "status_code",
+                    "duration",
+                    "cost",
+                    "cost_used",
+                    "response_headers",
+                    "response_view",
+                )
+            },
         ),
         (
             "Attempts",
@@ -83,6 +95,12 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
         if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
             calls = calls.defer(*CALL_LIST_DEFERRED, "response_body")
         return calls
+
+    @admin.display(description="credential key")
+    def sent_with_key(self, call: Call) -> str:
+        """The customer's credential the call is sent with (its own key, else its job's)."""
+        key = call.credential_key or call.job.credential_key
+        return key or "none: the API's own credential"
 
     @admin.display(description="response body")
     def response_view(self, call: Call) -> str:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
 
 from ratejobs.execution.urls import ALLOWED_METHODS
-from ratejobs.models import MAX_PRIORITY, Api
+from ratejobs.limiter.config import MAX_COST
+from ratejobs.models import CREDENTIAL_KEY_MESSAGE, CREDENTIAL_KEY_PATTERN, MAX_PRIORITY, Api
 from ratejobs.permissions import apis_open_to
-from ratejobs.services.apis import api_validate
+from ratejobs.services.apis import WINDOW_FIELDS, api_validate
 from ratejobs.uploads import NumberedCalls, calls_from_template, calls_from_upload
 
 
@@ -32,11 +34,30 @@ class JobSubmitForm(forms.Form):
     deadline = forms.DateTimeField(
         required=False, help_text="cancel the calls not started by this time (optional)"
     )
+    callback_url = forms.URLField(
+        max_length=2000,
+        required=False,
+        assume_scheme="https",
+        label="Callback URL",
+        help_text="POST the job's summary here, signed with your signing key, when it finishes "
+        "(optional; needs your signing key, made on the Signing keys page)",
+    )
+    credential_key = forms.RegexField(
+        CREDENTIAL_KEY_PATTERN,
+        max_length=100,
+        required=False,
+        label="Credential key",
+        error_messages={"invalid": CREDENTIAL_KEY_MESSAGE},
+        help_text="send the calls with this customer's credential of the API (its own secret "
+        "and limiter bucket); a call may name its own in a credential_key column; empty: the "
+        "API's own",
+    )
     calls_file = forms.FileField(
         required=False,
         label="Calls file",
-        help_text="CSV with a header row (method, path, query, headers, json, body) or JSONL, "
-        "one call per line",
+        help_text="CSV with a header row (method, path, query, headers, json, body, cost, "
+        "credential_key) or JSONL, one call per line; cost: the call's estimated cost in the "
+        "API's cost windows (tokens)",
     )
     method = forms.ChoiceField(
         choices=[(m, m) for m in sorted(ALLOWED_METHODS)], initial="GET", required=False
@@ -50,6 +71,14 @@ class JobSubmitForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 8}),
         required=False,
         help_text="one value per line for the placeholder",
+    )
+    cost = forms.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_COST,
+        label="Cost per call",
+        help_text="with a path template: each call's estimated cost in the API's cost windows "
+        "(tokens; optional); a file gives each call's own in its cost column",
     )
 
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
@@ -82,7 +111,25 @@ class JobSubmitForm(forms.Form):
             method=data.get("method") or "GET",
             path_template=data["path_template"],
             values=data["values"].splitlines(),
+            cost=data.get("cost") or 0,
         )
+
+
+class LimitsField(forms.JSONField):
+    """An API's windows shown one a line, their fields in the order people write them (the
+    database keeps JSON objects with their keys reordered)."""
+
+    widget = forms.Textarea(attrs={"rows": 5, "cols": 80})
+
+    def prepare_value(self, value: Any) -> Any:
+        if not (isinstance(value, list) and value and all(isinstance(w, dict) for w in value)):
+            return super().prepare_value(value)
+        order = {name: place for place, name in enumerate(WINDOW_FIELDS)}
+        lines = [
+            json.dumps(dict(sorted(w.items(), key=lambda item: order.get(item[0], len(order)))))
+            for w in value
+        ]
+        return "[\n  " + ",\n  ".join(lines) + "\n]"
 
 
 class ApiAdminForm(forms.ModelForm):
@@ -109,11 +156,17 @@ class ApiAdminForm(forms.ModelForm):
     class Meta:
         model = Api
         fields = "__all__"
+        field_classes = {"limits": LimitsField}
         help_texts = {
             "credential_env": "or the name of a variable of the workers' environment holding "
             "the secret: it must start with RATEJOBS_CRED_ (or be listed in "
             "RATEJOBS_CREDENTIAL_ENV_ALLOW)",
         }
+
+    def clean_limits(self) -> Any:
+        # an emptied box means no windows, not a missing value
+        limits = self.cleaned_data.get("limits")
+        return [] if limits in (None, "") else limits
 
     def credential_given(self) -> bool:
         """Whether the credential is given again in this change (see api_validate)."""

@@ -141,8 +141,26 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     change_form_template = "admin/ratejobs/job/change_form.html"
     actions = ["purge_selected"]
     # Status, counters and timings live in the progress box above, which keeps itself current.
-    readonly_fields = ("name", "api", "owner", "priority", "created", "not_before", "deadline")
+    readonly_fields = (
+        "name", "api", "credential_key", "owner", "priority", "created", "not_before", "deadline",
+    )  # fmt: skip
     fields = readonly_fields
+    # The delivery of the job's callback (services.callbacks), under the job's own fields.
+    callback_fields = (
+        "callback_url",
+        "callback_status",
+        "callback_attempts",
+        "callback_last_error",
+        "callback_next_attempt_at",
+        "callback_delivered_at",
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> tuple:
+        return (*super().get_readonly_fields(request, obj), *self.callback_fields)
+
+    def get_fields(self, request: HttpRequest, obj: Job | None = None) -> tuple:
+        shown = (*super().get_fields(request, obj), *self.callback_fields)
+        return tuple(dict.fromkeys(shown))
 
     class Media:
         css = {"all": ("ratejobs/admin.css",)}
@@ -226,6 +244,8 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
                 priority=data["priority"],
                 not_before=data.get("not_before"),
                 deadline=data.get("deadline"),
+                callback_url=data.get("callback_url") or "",
+                credential_key=data.get("credential_key") or "",
                 calls=calls,
             )
         except UploadError as exc:

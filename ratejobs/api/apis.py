@@ -17,7 +17,14 @@ from rest_framework.response import Response
 from ratejobs.api.serializers import NameField, StrictInputSerializer
 from ratejobs.execution.request import MASK
 from ratejobs.execution.urls import HEADER_NAME_PATTERN
-from ratejobs.limiter.config import MAX_BURST, MAX_CONCURRENCY, MAX_PERIOD, MAX_RATE
+from ratejobs.limiter.config import (
+    MAX_BURST,
+    MAX_CONCURRENCY,
+    MAX_PERIOD,
+    MAX_RATE,
+    MAX_WINDOWS,
+    WINDOW_UNITS,
+)
 from ratejobs.models import (
     MAX_ATTEMPTS,
     MAX_THROTTLED_RETRIES,
@@ -38,6 +45,54 @@ IDEMPOTENCY_HEADER_HELP = (
 )
 
 
+LIMITS_HELP = (
+    "windows besides rate/period/burst, every one of which a call must fit (atomically): an "
+    "hourly and a daily quota, tokens per minute; at most "
+    f'{MAX_WINDOWS}. unit "cost" counts each call\'s cost (tokens) instead of requests'
+)
+COST_HEADER_HELP = (
+    "response header carrying what a call really cost (e.g. X-Tokens-Used): the difference "
+    "from its estimated cost is charged or refunded to the cost windows; empty: none"
+)
+COST_JSON_FIELD_HELP = (
+    "dotted path to what a call really cost in a JSON response (e.g. usage.total_tokens), used "
+    "when cost_header gives nothing; a number segment indexes a list; empty: none"
+)
+# What the service's check of a cost_json_field allows (ratejobs.execution.cost), for the schema.
+COST_JSON_FIELD_SHAPE = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+
+
+class WindowSerializer(StrictInputSerializer):
+    """One window: `rate` units per `period` seconds, up to `burst` at once (as the main rate;
+    rate / period is bounded as there)."""
+
+    rate = serializers.FloatField(
+        min_value=MIN_RATE, max_value=MAX_RATE, help_text="units per period"
+    )
+    period = serializers.FloatField(min_value=MIN_PERIOD, max_value=MAX_PERIOD, help_text="seconds")
+    burst = serializers.IntegerField(
+        min_value=1, max_value=MAX_BURST, help_text="units that may go at once"
+    )
+    unit = serializers.ChoiceField(
+        choices=list(WINDOW_UNITS),
+        default="requests",
+        help_text="requests: each call counts 1; cost: each call counts its cost (tokens)",
+    )
+
+
+class WindowStateSerializer(serializers.Serializer):
+    label = serializers.CharField(source="window.label", help_text='e.g. "300/60s"')
+    rate = serializers.FloatField(source="window.rate")
+    period = serializers.FloatField(source="window.period")
+    burst = serializers.IntegerField(source="window.burst", min_value=1)
+    unit = serializers.ChoiceField(source="window.unit", choices=list(WINDOW_UNITS))
+    remaining = serializers.FloatField(min_value=0, help_text="units that may go now")
+    next_free_in = serializers.FloatField(min_value=0, help_text="seconds until one more unit")
+    full_in = serializers.FloatField(
+        min_value=0, help_text="seconds until the whole burst is back (the quota refilled)"
+    )
+
+
 class LimiterStateSerializer(serializers.Serializer):
     configured = serializers.BooleanField(help_text="false: Redis holds no limits for it yet")
     rate = serializers.FloatField(help_text="configured ceiling, requests per period")
@@ -51,6 +106,15 @@ class LimiterStateSerializer(serializers.Serializer):
     next_free_in = serializers.FloatField(help_text="seconds until the next free slot")
     in_flight = serializers.IntegerField()
     generation = serializers.IntegerField()
+    learned_rate = serializers.FloatField(
+        allow_null=True,
+        min_value=0,
+        help_text="adaptive: the API's real limit learned from its throttles, requests per "
+        "period; null until one was measured",
+    )
+    windows = WindowStateSerializer(
+        many=True, help_text="each of the API's limits besides the main rate, as it stands now"
+    )
 
 
 class ApiOutputSerializer(serializers.Serializer):
@@ -73,6 +137,9 @@ class ApiOutputSerializer(serializers.Serializer):
     default_headers = serializers.SerializerMethodField()
     auth_header = serializers.CharField()
     idempotency_header = serializers.CharField(help_text=IDEMPOTENCY_HEADER_HELP)
+    limits = WindowSerializer(many=True, help_text=LIMITS_HELP)
+    cost_header = serializers.CharField(help_text=COST_HEADER_HELP)
+    cost_json_field = serializers.CharField(help_text=COST_JSON_FIELD_HELP)
     credential_env = serializers.CharField()
     has_credential = serializers.BooleanField()
     submitter_groups = serializers.SerializerMethodField(
@@ -165,6 +232,28 @@ class ApiUpdateInputSerializer(StrictInputSerializer):
         required=False,
         allow_blank=True,
         help_text=IDEMPOTENCY_HEADER_HELP,
+    )
+    limits = serializers.ListField(
+        child=WindowSerializer(),
+        required=False,
+        max_length=MAX_WINDOWS,
+        help_text=LIMITS_HELP + "; the list given replaces the API's ([] removes them all)",
+    )
+    cost_header = _shaped(
+        "cost_header",
+        HEADER_NAME_PATTERN,
+        "must be a header name (an HTTP token), or empty for none",
+        required=False,
+        allow_blank=True,
+        help_text=COST_HEADER_HELP,
+    )
+    cost_json_field = _shaped(
+        "cost_json_field",
+        COST_JSON_FIELD_SHAPE,
+        "must be a dotted path such as usage.total_tokens, or empty for none",
+        required=False,
+        allow_blank=True,
+        help_text=COST_JSON_FIELD_HELP,
     )
     credential_env = _shaped(
         "credential_env",

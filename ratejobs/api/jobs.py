@@ -34,7 +34,8 @@ from ratejobs.api.parsers import JobJSONParser, JsonCalls, JsonLinesParser, uplo
 from ratejobs.api.serializers import NameField, StrictInputSerializer
 from ratejobs.api.throttles import JobCreateThrottle
 from ratejobs.execution.urls import ALLOWED_METHODS
-from ratejobs.models import MAX_PRIORITY, Api, Call, Job, ThrottleEvent
+from ratejobs.limiter.config import MAX_COST
+from ratejobs.models import MAX_PRIORITY, Api, Call, CallbackStatus, Job, ThrottleEvent
 from ratejobs.permissions import may_delete_records
 from ratejobs.selectors.jobs import (
     call_get_for_job,
@@ -47,6 +48,7 @@ from ratejobs.selectors.jobs import (
     throttle_event_list_for_job,
 )
 from ratejobs.selectors.results import RESULT_FIELDS, RESULTS_FORMATS, job_results_response
+from ratejobs.services.credentials import CREDENTIAL_KEY_SHAPE, KEY_MAX_LENGTH, KEY_MESSAGE
 from ratejobs.services.jobs import (
     CallsInvalid,
     JobActionRefused,
@@ -94,8 +96,43 @@ class JobOutputSerializer(serializers.Serializer):
     created = serializers.DateTimeField()
     not_before = serializers.DateTimeField(allow_null=True)
     deadline = serializers.DateTimeField(allow_null=True)
+    credential_key = serializers.CharField(
+        max_length=KEY_MAX_LENGTH,
+        help_text="the API credential its calls are sent with (a call may name its own); "
+        "empty: the API's own",
+    )
     started = serializers.DateTimeField(allow_null=True)
     finished = serializers.DateTimeField(allow_null=True)
+    callback_url = serializers.CharField(
+        max_length=2000, help_text="where the job's summary is POSTed when it finishes; empty: none"
+    )
+    callback_status = serializers.ChoiceField(
+        choices=[("", "none"), *CallbackStatus.choices],
+        help_text="the delivery of the job's last finish: empty (no callback, or not finished), "
+        "pending (waiting for an attempt), sending, delivered, failed (given up)",
+    )
+    callback_attempts = serializers.IntegerField(
+        min_value=0, help_text="attempts of the current delivery"
+    )
+    callback_last_error = serializers.CharField(
+        max_length=300, help_text="why the last attempt did not deliver; empty: none"
+    )
+    callback_next_attempt_at = serializers.DateTimeField(
+        allow_null=True, help_text="when a pending delivery is tried again"
+    )
+    callback_delivered_at = serializers.DateTimeField(allow_null=True)
+
+
+def _credential_key_field(help_text: str) -> serializers.RegexField:
+    return serializers.RegexField(
+        CREDENTIAL_KEY_SHAPE,
+        required=False,
+        allow_blank=True,
+        max_length=KEY_MAX_LENGTH,
+        trim_whitespace=False,
+        error_messages={"invalid": KEY_MESSAGE},
+        help_text=help_text,
+    )
 
 
 class CallSpecSerializer(StrictInputSerializer):
@@ -118,6 +155,19 @@ class CallSpecSerializer(StrictInputSerializer):
     json = serializers.JSONField(required=False, help_text="a JSON body (not with body)")
     body = serializers.CharField(
         required=False, allow_null=True, help_text="a text body (not with json)"
+    )
+    cost = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=MAX_COST,
+        help_text="what the call is expected to cost in the API's cost windows (e.g. estimated "
+        "tokens), corrected after the response by its cost_header or cost_json_field; at most "
+        "the smallest burst of those windows (400 naming the call otherwise); 0 takes nothing",
+    )
+    credential_key = _credential_key_field(
+        "this call's API credential (POST /api/apis/{name}/credentials/), overriding the "
+        "job's: sent with its secret and paced by its own bucket; 400 if the API has no such key"
     )
 
 
@@ -178,6 +228,19 @@ class JobUploadParamsSerializer(StrictInputSerializer):
         help_text="calls not started by this time are cancelled, with that reason; in the "
         "future, and after not_before",
     )
+    credential_key = _credential_key_field(
+        "the API credential its calls are sent with (POST /api/apis/{name}/credentials/): its "
+        "secret, and a limiter bucket of its own with the API's limits; 400 if the API has no "
+        "such key; empty (default): the API's own"
+    )
+    callback_url = serializers.URLField(
+        required=False,
+        allow_blank=True,
+        max_length=Job._meta.get_field("callback_url").max_length,
+        help_text="POST the job's summary here, signed (X-Ratejobs-Signature), each time it "
+        "finishes: http(s), no credentials, query or fragment, an address the outbound policy "
+        "allows; needs your signing key (POST /api/signing-key/)",
+    )
 
 
 class JobCreateInputSerializer(JobUploadParamsSerializer):
@@ -219,6 +282,20 @@ class CallOutputSerializer(serializers.Serializer):
     error = serializers.CharField()
     duration = serializers.FloatField(
         allow_null=True, min_value=0, help_text="seconds of the last request"
+    )
+    cost = serializers.IntegerField(
+        min_value=0, max_value=MAX_COST, help_text="estimated cost given at submission"
+    )
+    credential_key = serializers.CharField(
+        max_length=KEY_MAX_LENGTH,
+        help_text="the call's own API credential key; empty: the job's credential_key",
+    )
+    cost_used = serializers.IntegerField(
+        allow_null=True,
+        min_value=0,
+        max_value=MAX_COST,
+        help_text="what the last response said the call cost (the API's cost_header or "
+        "cost_json_field); null: not said",
     )
     response_truncated = serializers.BooleanField()
     response_body = serializers.SerializerMethodField(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from ratejobs.api import apis, index, jobs
+from ratejobs.api import apis, credentials, index, jobs, signing_keys
 
 app_name = "api"
 
@@ -13,6 +13,16 @@ urlpatterns = [
     path("", index.IndexView.as_view(), name="index"),
     path("apis/", apis.ApiListCreateView.as_view(), name="api-list"),
     path("apis/<slug:name>/", apis.ApiDetailView.as_view(), name="api-detail"),
+    path(
+        "apis/<slug:name>/credentials/",
+        credentials.ApiCredentialListView.as_view(),
+        name="api-credentials",
+    ),
+    path(
+        "apis/<slug:name>/credentials/<str:key>/",
+        credentials.ApiCredentialDetailView.as_view(),
+        name="api-credential-detail",
+    ),
     path("jobs/", jobs.JobListCreateView.as_view(), name="job-list"),
     path("jobs/upload/", jobs.JobUploadView.as_view(), name="job-upload"),
     path("jobs/<int:job_id>/", jobs.JobDetailView.as_view(), name="job-detail"),
@@ -37,6 +47,7 @@ urlpatterns = [
         jobs.JobRetryFailedView.as_view(),
         name="job-retry-failed",
     ),
+    path("signing-key/", signing_keys.SigningKeyView.as_view(), name="signing-key"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
     # Last: whatever matched no route above, newlines included (`.` would stop at one).

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import requests
 
 from ratejobs.execution.backoff import backoff_ceiling
+from ratejobs.execution.cost import cost_from_response
 from ratejobs.execution.http import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
@@ -62,6 +63,10 @@ class ExecutionPolicy:
     # Requests carry an idempotency key: a 409 is the API still answering an earlier attempt
     # with the same key (Stripe's "idempotency key in use"), to be retried, not a failure.
     retry_conflicts: bool = False
+    # Where a response says what the call really cost (cost.cost_from_response): the limiter
+    # is settled to that, so a cost window holds to what the API counted, not to estimates.
+    cost_header: str = ""
+    cost_json_field: str = ""
 
     def __post_init__(self) -> None:
         errors = []
@@ -102,6 +107,8 @@ class Outcome:
     # The lease, when the caller asked to return it itself (return_lease=False); None once
     # returned, or when nothing was granted.
     lease: Grant | None = None
+    # What the response said the call cost (cost_header / cost_json_field); None: not said.
+    cost_used: int | None = None
 
     @property
     def kind(self) -> OutcomeKind:
@@ -133,6 +140,7 @@ def execute_call(
     rng: random.Random | None = None,
     return_lease: bool = True,
     reserved: Grant | None = None,
+    cost: int = 0,
 ) -> Outcome:
     """Run attempt number `attempts` (1-based, throttled attempts not counted) of a call.
 
@@ -146,6 +154,9 @@ def execute_call(
     mid-request) ends the attempt as an Outcome too, with its error (classify_unexpected).
     `reserved` is a slot acquire_many reserved for this call: it is confirmed (at no round
     trip when its time has come) instead of acquiring one.
+    `cost` is what the call is expected to cost in the limiter's cost windows (reserved slots
+    carry the cost they were reserved with); when the response reports another (the policy's
+    cost_header or cost_json_field), the limiter is settled to it and Outcome.cost_used says it.
     """
     if not (isinstance(max_wait, int | float) and max_wait >= 0):
         raise ValueError("max_wait must be a number of seconds >= 0")
@@ -153,7 +164,7 @@ def execute_call(
         return _attempt(
             request, limiter=limiter, session=session, policy=policy, attempts=attempts,
             throttled_retries=throttled_retries, max_wait=max_wait, weight=weight, rng=rng,
-            return_lease=return_lease, reserved=reserved,
+            return_lease=return_lease, reserved=reserved, cost=cost,
         )  # fmt: skip
     except Exception as exc:  # every error must end as a recorded attempt, never a loop
         decision = classify_unexpected(
@@ -181,13 +192,16 @@ def _attempt(
     rng: random.Random | None,
     return_lease: bool,
     reserved: Grant | None,
+    cost: int,
 ) -> Outcome:
     started = time.monotonic()
     try:
         if reserved is not None:
             grant = limiter.confirm(reserved, max_wait=max_wait)
         else:
-            grant = limiter.acquire(weight, max_wait=max_wait, lease_seconds=policy.lease_seconds)
+            grant = limiter.acquire(
+                weight, cost=cost, max_wait=max_wait, lease_seconds=policy.lease_seconds
+            )
     except WaitTooLong as exc:
         if exc.at_capacity:
             # Due again at once: the dispatcher sends it back when a place is free (it keeps
@@ -220,6 +234,7 @@ def _attempt(
 
     feedback: Feedback | None = None
     limiter_error = ""
+    cost_used: int | None = None
     handed_back = False
     try:
         result = send(
@@ -244,6 +259,8 @@ def _attempt(
             except LimiterError as exc:
                 limiter_error = f"response not fed back to the limiter: {exc}"
                 logger.warning("%s (%s)", limiter_error, redact_url(request.url))
+            cost_used, settle_error = _settle_cost(limiter, grant, result, policy)
+            limiter_error = limiter_error or settle_error
         handed_back = not return_lease
     finally:
         # after an error the lease goes back here, whatever the caller asked
@@ -284,7 +301,30 @@ def _attempt(
         throttled_retries=throttled_retries + (decision.kind == "throttled"),
         limiter_error=limiter_error,
         lease=grant if handed_back else None,
+        cost_used=cost_used,
     )
+
+
+def _settle_cost(
+    limiter: Limiter, grant: Grant, result: HttpResult, policy: ExecutionPolicy
+) -> tuple[int | None, str]:
+    """Read what the response says the call cost and charge (or refund) the difference from
+    what its slot took; returns the cost read and an error to record. A failed settle is
+    logged, never the end of the result: the next grants run on the estimate instead."""
+    if not (policy.cost_header or policy.cost_json_field):
+        return None, ""
+    used = cost_from_response(
+        result.headers, result.body, header=policy.cost_header, json_field=policy.cost_json_field
+    )
+    if used is None or used == grant.cost:
+        return used, ""
+    try:
+        limiter.settle(grant, used)
+    except (LimiterError, ValueError) as exc:
+        error = f"actual cost {used} not settled with the limiter: {exc}"
+        logger.warning("limiter %r: %s", limiter.name, error)
+        return used, error
+    return used, ""
 
 
 def outcome_without_response(

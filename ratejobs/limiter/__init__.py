@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 from ratejobs.limiter.aio import AsyncLimiter
-from ratejobs.limiter.config import LimiterConfig
-from ratejobs.limiter.core import Feedback, Grant, GrantBatch, LimiterCounts, LimiterState
+from ratejobs.limiter.config import LimiterConfig, Window
+from ratejobs.limiter.core import (
+    Feedback,
+    Grant,
+    GrantBatch,
+    LimiterCounts,
+    LimiterState,
+    WindowState,
+)
 from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
@@ -26,4 +33,6 @@ __all__ = [
     "LimiterState",
     "LimiterUnavailable",
     "WaitTooLong",
+    "Window",
+    "WindowState",
 ]

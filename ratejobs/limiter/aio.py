@@ -40,10 +40,13 @@ class AsyncLimiter(LimiterBase):
         *,
         max_wait: float | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        cost: int = 0,
     ) -> Grant:
         lease_id = new_lease_id()
         try:
-            return await self._run(self._acquire_steps(lease_id, weight, max_wait, lease_seconds))
+            return await self._run(
+                self._acquire_steps(lease_id, weight, max_wait, lease_seconds, cost=cost)
+            )
         except (WaitTooLong, LimiterUnavailable, ValueError):
             raise
         except BaseException:
@@ -61,8 +64,11 @@ class AsyncLimiter(LimiterBase):
         max_wait: float | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         weight: int = 1,
+        costs: Sequence[int] | None = None,
     ) -> GrantBatch:
-        return await self._run(self._acquire_many_steps(count, weight, max_wait, lease_seconds))
+        return await self._run(
+            self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs)
+        )
 
     async def confirm(self, grant: Grant, *, max_wait: float | None = None) -> Grant:
         try:
@@ -115,6 +121,12 @@ class AsyncLimiter(LimiterBase):
         default_block: float = DEFAULT_THROTTLE_BLOCK_SECONDS,
     ) -> list[Feedback | None]:
         return await self._run(self._observe_many_steps(responses, default_block))
+
+    async def settle(self, grant: Grant, cost: int) -> bool:
+        """The real cost of `grant`'s request is known (the tokens it used): charge the
+        difference to the cost windows, or give it back. False when nothing was changed (the
+        same cost, no cost window, or limiter state lost with Redis)."""
+        return await self._run(self._settle_steps(grant, cost))
 
     async def state(self) -> LimiterState:
         return await self._run(self._state_steps())

@@ -14,7 +14,7 @@ from typing import Any
 import redis
 
 from ratejobs.headers import is_throttle, throttle_delay
-from ratejobs.limiter.config import LimiterConfig
+from ratejobs.limiter.config import MAX_COST, LimiterConfig, Window
 from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
@@ -41,7 +41,7 @@ DEFAULT_THROTTLE_BLOCK_SECONDS = 1.0
 # a millisecond; a worker runs tens of calls at once, not thousands.
 MAX_BATCH = 1000
 
-_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,201}$")
 
 GRANTED, WAIT, TOO_LONG, AT_CAPACITY, NOT_CONFIGURED = 0, 1, 2, 3, 4
 
@@ -65,6 +65,8 @@ class Grant:
     ready: bool = True  # False: a reserved future slot that confirm() must turn into a grant
     due: float = 0.0  # time.monotonic() at which a reserved slot comes (reply time + its wait)
     lease_seconds: float = DEFAULT_LEASE_SECONDS  # what confirm() renews the lease with
+    cost: int = 0  # units taken from each "cost" window (tokens); settle() corrects it
+    cost_seq: int = -1  # its reservation's number in the cost windows' history (settle.lua)
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,16 @@ class LimiterCounts:
 
 
 @dataclass(frozen=True)
+class WindowState:
+    """One window of the limits now. Reserved slots count as taken."""
+
+    window: Window
+    remaining: float  # units that could be taken now, one request after another
+    next_free_in: float  # seconds until one more unit can be taken (0: now)
+    full_in: float  # seconds until the whole burst is back (the window has refilled)
+
+
+@dataclass(frozen=True)
 class LimiterState:
     name: str
     configured: bool
@@ -142,6 +154,10 @@ class LimiterState:
     generation: int
     counts: LimiterCounts = LimiterCounts()
     config_version: int = 0  # LimiterConfig.version of the stored limits
+    windows: tuple[WindowState, ...] = ()  # the config's windows besides the main rate
+    # The API's real limit as the adaptive rate learned it from throttles (requests per period);
+    # None until one was measured, or without learning.
+    learned_rate: float | None = None
 
     @property
     def blocked_for(self) -> float:
@@ -217,7 +233,7 @@ class LimiterBase:
         key_prefix: str = KEY_PREFIX,
     ) -> None:
         if not _NAME.match(name):
-            raise ValueError("limiter name must be 1-100 of A-Z a-z 0-9 _ . : -")
+            raise ValueError("limiter name must be 1-201 of A-Z a-z 0-9 _ . : -")
         self.client = client
         self.name = name
         self.config = config
@@ -229,11 +245,13 @@ class LimiterBase:
         self.state_key = f"{base}:state"
         self.leases_key = f"{base}:leases"
         self.released_key = f"{base}:released"
+        self.heads_key = f"{base}:heads"
         self.keys = [
             self.config_key,
             self.state_key,
             self.leases_key,
             self.released_key,
+            self.heads_key,
         ]
         from ratejobs.limiter.scripts import SOURCES
 
@@ -264,6 +282,13 @@ class LimiterBase:
         if self.config is not None and weight > self.config.burst:
             raise ValueError(f"weight {weight} exceeds burst {self.config.burst}")
 
+    def _check_cost(self, cost: int) -> None:
+        if not isinstance(cost, int) or isinstance(cost, bool) or not 0 <= cost <= MAX_COST:
+            raise ValueError(f"cost must be a whole number from 0 to {MAX_COST:,}")
+        largest = None if self.config is None else self.config.max_cost
+        if largest is not None and cost > largest:
+            raise ValueError(f"cost {cost} exceeds the smallest cost window's burst {largest}")
+
     def _acquire_steps(
         self,
         lease_id: str,
@@ -274,10 +299,13 @@ class LimiterBase:
         held_slot: int = -1,
         held_generation: int = -1,
         waited_before: float = 0.0,
+        cost: int = 0,
+        cost_seq: int = -1,
     ) -> Steps:
         """Reserve and confirm a slot; or, given held_slot and held_generation (a reservation
         made by acquire_many), only confirm that one, queueing again if it went stale."""
         self._check_weight(weight)
+        self._check_cost(cost)
         started = time.monotonic()  # max_wait counts from here
         requeued = 0
         while True:
@@ -292,9 +320,12 @@ class LimiterBase:
                     held_slot,
                     held_generation,
                     self._config_version(),
+                    cost,
                 ],
             )
-            code, wait_us, slot_us, generation, now_us = (int(x) for x in reply)
+            code, wait_us, slot_us, generation, now_us, seq = (int(x) for x in reply)
+            if seq >= 0:
+                cost_seq = seq
             if held_slot >= 0 and slot_us != held_slot:
                 requeued += 1
             if code == GRANTED:
@@ -307,6 +338,8 @@ class LimiterBase:
                     waited=waited_before + time.monotonic() - started,
                     requeued=requeued,
                     lease_seconds=lease_seconds,
+                    cost=cost,
+                    cost_seq=cost_seq,
                 )
             if code == WAIT:
                 held_slot, held_generation = slot_us, generation
@@ -325,11 +358,22 @@ class LimiterBase:
                 raise LimiterError(f"unexpected reply from acquire.lua: {reply!r}")
 
     def _acquire_many_steps(
-        self, count: int, weight: int, max_wait: float | None, lease_seconds: float
+        self,
+        count: int,
+        weight: int,
+        max_wait: float | None,
+        lease_seconds: float,
+        costs: Sequence[int] | None = None,
     ) -> Steps:
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_BATCH:
             raise ValueError(f"count must be a whole number from 1 to {MAX_BATCH}")
         self._check_weight(weight)
+        costs = [0] * count if costs is None else list(costs)
+        if len(costs) != count:
+            raise ValueError("costs must give one cost per slot")
+        for cost in costs:
+            self._check_cost(cost)
+        costs_arg = ",".join(map(str, costs)) if any(costs) else ""
         prefix = new_lease_id()
         started = time.monotonic()
         while True:
@@ -343,11 +387,13 @@ class LimiterBase:
                     int(lease_seconds * MICROS),
                     _wait_left_us(max_wait, started),
                     self._config_version(),
+                    costs_arg,
                 ],
             )
             received = time.monotonic()
             code, hint_us, generation, now_us = (int(x) for x in reply[:4])
-            slots = [int(x) for x in reply[4:]]
+            seqs = [int(x) for x in _text(reply[4]).split(",") if x]
+            slots = [int(x) for x in reply[5:]]
             if code == NOT_CONFIGURED:
                 yield from self._configure_from_own()
                 continue
@@ -372,6 +418,8 @@ class LimiterBase:
                     ready=slot <= now_us,
                     due=received + (slot - now_us) / MICROS,
                     lease_seconds=lease_seconds,
+                    cost=costs[i - 1],
+                    cost_seq=seqs[i - 1],
                 )
                 for i, slot in enumerate(slots, start=1)
             )
@@ -397,6 +445,8 @@ class LimiterBase:
                 held_slot=grant.slot_us,
                 held_generation=grant.generation,
                 waited_before=grant.waited + max(0.0, time.monotonic() - answered),
+                cost=grant.cost,
+                cost_seq=grant.cost_seq,
             )
         )
 
@@ -485,9 +535,21 @@ class LimiterBase:
             )
         return results
 
+    def _settle_steps(self, grant: Grant, cost: int) -> Steps:
+        """Charge (or give back) the difference between `grant`'s cost and the real one."""
+        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 0:
+            raise ValueError("cost must be a whole number >= 0")
+        delta = cost - grant.cost
+        if delta == 0 or (self.config is not None and self.config.max_cost is None):
+            return False
+        reply = yield RunScript(
+            "settle", [self.config_key, self.state_key, self.heads_key], [delta, grant.cost_seq]
+        )
+        return int(reply[0]) == 0
+
     def _reset_steps(self) -> Steps:
         """Forget the live state (pace, block, leases, adaptive rate); keep the configuration."""
-        yield Delete([self.state_key, self.leases_key, self.released_key])
+        yield Delete([self.state_key, self.leases_key, self.released_key, self.heads_key])
 
     def _state_steps(self) -> Steps:
         reply = yield RunScript("state", [self.config_key, self.state_key, self.leases_key], [])
@@ -508,4 +570,29 @@ class LimiterBase:
             generation=int(reply[12]),
             counts=LimiterCounts(*(int(n) for n in reply[13])),
             config_version=int(reply[14]),
+            learned_rate=_learned_rate(reply[15] if len(reply) > 15 else None),
+            windows=tuple(_window_state(item) for item in (reply[16] if len(reply) > 16 else [])),
         )
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _window_state(item: Sequence[Any]) -> WindowState:
+    rate, period, burst, unit, remaining, next_free_us, full_us = item
+    unit = _text(unit)
+    return WindowState(
+        window=Window(rate=float(rate), period=float(period), burst=int(burst), unit=unit),
+        remaining=float(remaining),
+        next_free_in=int(next_free_us) / MICROS,
+        full_in=int(full_us) / MICROS,
+    )
+
+
+def _learned_rate(value: Any) -> float | None:
+    """state.lua's learned rate: a number as a string, '' (or 0) when nothing was learned."""
+    if value in (None, b"", ""):
+        return None
+    rate = float(value)
+    return rate if rate > 0 else None

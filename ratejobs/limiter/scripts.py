@@ -11,6 +11,7 @@ SCRIPT_NAMES = (
     "feedback",
     "feedback_many",
     "configure",
+    "settle",
     "state",
 )
 

@@ -45,11 +45,14 @@ class Limiter(LimiterBase):
         *,
         max_wait: float | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        cost: int = 0,
     ) -> Grant:
         """Wait for a slot and an in-flight lease; raise WaitTooLong past max_wait seconds."""
         lease_id = new_lease_id()
         try:
-            return self._run(self._acquire_steps(lease_id, weight, max_wait, lease_seconds))
+            return self._run(
+                self._acquire_steps(lease_id, weight, max_wait, lease_seconds, cost=cost)
+            )
         except (WaitTooLong, LimiterUnavailable, ValueError):
             raise
         except BaseException:
@@ -68,6 +71,7 @@ class Limiter(LimiterBase):
         max_wait: float | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         weight: int = 1,
+        costs: Sequence[int] | None = None,
     ) -> GrantBatch:
         """Reserve up to `count` consecutive slots, each with its own lease, in one round trip.
 
@@ -77,7 +81,7 @@ class Limiter(LimiterBase):
         max_wait. Grants whose slot has not come yet (not ready) go through confirm() right
         before their request is sent; release them all with release_many().
         """
-        return self._run(self._acquire_many_steps(count, weight, max_wait, lease_seconds))
+        return self._run(self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs))
 
     def confirm(self, grant: Grant, *, max_wait: float | None = None) -> Grant:
         """Sleep until a reserved grant's slot, then confirm it in Redis as acquire does: a
@@ -143,6 +147,12 @@ class Limiter(LimiterBase):
         of one burst still cut the adaptive rate once, as they do one at a time.
         """
         return self._run(self._observe_many_steps(responses, default_block))
+
+    def settle(self, grant: Grant, cost: int) -> bool:
+        """The real cost of `grant`'s request is known (the tokens it used): charge the
+        difference to the cost windows, or give it back. False when nothing was changed (the
+        same cost, no cost window, or limiter state lost with Redis)."""
+        return self._run(self._settle_steps(grant, cost))
 
     def state(self) -> LimiterState:
         return self._run(self._state_steps())

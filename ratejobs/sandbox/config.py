@@ -52,12 +52,22 @@ LIVE_FIELDS = frozenset(
         "max_log",
         "idempotency_header",
         "max_idempotency_keys",
+        "windows",
+        "token_rate",
+        "token_period",
+        "token_burst",
     }
 )
-_FLOAT_FIELDS = frozenset({"rate", "period", "real_rate", "latency", "error_rate"})
-_INT_FIELDS = frozenset({"burst", "seed", "max_log", "port", "max_idempotency_keys"})
+_FLOAT_FIELDS = frozenset(
+    {"rate", "period", "real_rate", "latency", "error_rate", "token_rate", "token_period"}
+)
+_INT_FIELDS = frozenset({"burst", "seed", "max_log", "port", "max_idempotency_keys", "token_burst"})
 _BOOL_FIELDS = frozenset({"no_limit", "retry_after"})
-_OPTIONAL_FIELDS = frozenset({"real_rate", "seed"})
+_OPTIONAL_FIELDS = frozenset({"real_rate", "seed", "token_rate", "token_period", "token_burst"})
+# A quota on the command line: "300/60" (300 per 60 s) or "300/60/50" (with a burst of 50).
+_QUOTA_SPEC = re.compile(r"^\s*([^/\s]+)\s*/\s*([^/\s]+)\s*(?:/\s*([^/\s]+)\s*)?$")
+
+Window = tuple[float, float, int]  # rate, period (seconds), burst
 
 
 @dataclass(frozen=True)
@@ -83,9 +93,36 @@ class SandboxConfig:
     # again and is no arrival (as Stripe's Idempotency-Key); "" ignores the header.
     idempotency_header: str = DEFAULT_IDEMPOTENCY_HEADER
     max_idempotency_keys: int = DEFAULT_MAX_IDEMPOTENCY_KEYS  # remembered answers, oldest go
+    # Each distinct value of this request header (Authorization: one per customer credential)
+    # gets buckets of its own with these limits, as an API limiting per credential does;
+    # "": one set of buckets for every request.
+    limit_by_header: str = ""
+    # Buckets enforced besides the main one, each (rate, period, burst): "20/s AND 300/min" is
+    # rate=20, period=1 and windows=((300, 60, 300),). Advertised as they are enforced.
+    windows: tuple[Window, ...] = ()
+    # A budget of tokens besides the request count (OpenAI's TPM): a request asks for its
+    # tokens (?tokens=N or a JSON body's "tokens", default 1) and is refused unless all of them
+    # fit. None: no budget. The burst defaults to the rate (a whole quota at once).
+    token_rate: float | None = None
+    token_period: float | None = None
+    token_burst: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
+        try:
+            # Lists from JSON or argparse become the tuples the dataclass promises.
+            object.__setattr__(self, "windows", tuple(_window(w) for w in self.windows))
+        except (TypeError, ValueError) as exc:
+            problems.append(str(exc))
+        if self.token_rate is not None:
+            if not _positive(self.token_rate):
+                problems.append("token_rate must be a positive number")
+            if self.token_period is None:
+                problems.append("token_period is needed with token_rate")
+        if self.token_period is not None and not _positive(self.token_period):
+            problems.append("token_period must be a positive number")
+        if self.token_burst is not None and self.token_burst < 1:
+            problems.append("token_burst must be at least 1")
         for name in ("rate", "period"):
             if not _positive(getattr(self, name)):
                 problems.append(f"{name} must be a positive number")
@@ -109,12 +146,21 @@ class SandboxConfig:
             problems.append("idempotency_header must be a header name (an HTTP token) or empty")
         if self.max_idempotency_keys < 0:
             problems.append("max_idempotency_keys must be >= 0")
+        if self.limit_by_header and not _HEADER_NAME.match(self.limit_by_header):
+            problems.append("limit_by_header must be a header name (an HTTP token) or empty")
         if problems:
             raise ValueError("; ".join(problems))
 
     @property
     def enforced_rate(self) -> float:
         return self.rate if self.real_rate is None else self.real_rate
+
+    @property
+    def effective_token_burst(self) -> int:
+        """The token budget's burst: as set, else its whole rate (at least 1); 0 with no budget."""
+        if self.token_rate is None:
+            return 0
+        return default_burst(self.token_rate) if self.token_burst is None else self.token_burst
 
     def with_changes(self, changes: Mapping[str, Any]) -> SandboxConfig:
         """A copy with `changes` (JSON values, as /__config receives them) applied; ValueError on
@@ -150,6 +196,12 @@ class SandboxConfig:
             argv.append(f"--seed={self.seed}")
         if self.no_limit:
             argv.append("--no-limit")
+        if self.limit_by_header:
+            argv.append(f"--limit-by-header={self.limit_by_header}")
+        argv.extend(f"--window={format_quota(*window)}" for window in self.windows)
+        if self.token_rate is not None and self.token_period is not None:
+            spec = format_quota(self.token_rate, self.token_period, self.token_burst)
+            argv.append(f"--token-budget={spec}")
         return argv
 
 
@@ -198,6 +250,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="answers remembered by key; the oldest are forgotten past it",
     )
     parser.add_argument(
+        "--window",
+        dest="windows",
+        metavar="RATE/PERIOD[/BURST]",
+        type=parse_window,
+        action="append",
+        default=[],
+        help="a bucket enforced besides the main one, e.g. 300/60 (repeatable); BURST defaults "
+        "to RATE, a whole quota at once",
+    )
+    parser.add_argument(
+        "--token-budget",
+        metavar="RATE/PERIOD[/BURST]",
+        type=parse_token_budget,
+        default=None,
+        help="tokens per PERIOD seconds; a request costs ?tokens=N or its JSON body's "
+        '"tokens" (default 1); BURST defaults to RATE',
+    )
+    parser.add_argument(
+        "--limit-by-header",
+        default=defaults.limit_by_header,
+        metavar="HEADER",
+        help="give each distinct value of this header (e.g. Authorization) its own buckets",
+    )
+    parser.add_argument(
         "--stop-on-stdin-close",
         action="store_true",
         help="exit when standard input closes (so a dead parent leaves no server behind)",
@@ -207,7 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> SandboxConfig:
     fields = {f.name for f in dataclasses.fields(SandboxConfig)}
-    return SandboxConfig(**{k: v for k, v in vars(args).items() if k in fields})
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    budget = getattr(args, "token_budget", None)
+    if budget is not None:
+        values["token_rate"], values["token_period"], values["token_burst"] = budget
+    return SandboxConfig(**values)
 
 
 def parse_argv(argv: Sequence[str] | None = None) -> tuple[SandboxConfig, argparse.Namespace]:
@@ -224,9 +304,80 @@ def _positive(value: float) -> bool:
     return math.isfinite(value) and value > 0
 
 
+def default_burst(rate: float) -> int:
+    """A plain "RATE per PERIOD" quota: the whole of it at once, as a fresh fixed window or
+    Anthropic's continuously refilled bucket allows; rounded down, never looser.
+
+    A client keeping to the same GCRA (rate, period, burst) never gets a 429 from it, while one
+    keeping only to the main limit, at a pace P > rate/period, is refused once the burst is
+    spent: after burst / (P - rate/period) seconds. A "no 429s" test must run past that (or set
+    a small burst) to prove anything."""
+    return max(1, math.floor(rate))
+
+
+def parse_quota_spec(text: str) -> tuple[float, float, int | None]:
+    """ "RATE/PERIOD[/BURST]" as (rate, period, burst or None); ValueError if malformed."""
+    match = _QUOTA_SPEC.match(text)
+    if match is None:
+        raise ValueError(f"expected RATE/PERIOD[/BURST], got {text!r}")
+    try:
+        rate, period, burst = float(match[1]), float(match[2]), match[3]
+    except ValueError:
+        raise ValueError(f"rate and period must be numbers in {text!r}") from None
+    if not (_positive(rate) and _positive(period)):
+        raise ValueError(f"rate and period must be positive numbers in {text!r}")
+    if burst is None:
+        return rate, period, None
+    if not burst.isdigit() or int(burst) < 1:
+        raise ValueError(f"burst must be a whole number of at least 1 in {text!r}")
+    return rate, period, int(burst)
+
+
+def parse_window(text: str) -> Window:
+    """--window's value: a burst left out is the whole rate."""
+    try:
+        rate, period, burst = parse_quota_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return rate, period, default_burst(rate) if burst is None else burst
+
+
+def parse_token_budget(text: str) -> tuple[float, float, int | None]:
+    try:
+        return parse_quota_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def format_quota(rate: float, period: float, burst: int | None = None) -> str:
+    text = f"{rate!r}/{period!r}"
+    return text if burst is None else f"{text}/{burst}"
+
+
+def _window(value: Any) -> Window:
+    """A window from Python or JSON: [rate, period] or [rate, period, burst]."""
+    if isinstance(value, str) or not isinstance(value, Sequence) or len(value) not in (2, 3):
+        raise ValueError(f"a window is [rate, period] or [rate, period, burst], not {value!r}")
+    rate, period = value[0], value[1]
+    if not (_is_number(rate) and _is_number(period) and _positive(rate) and _positive(period)):
+        raise ValueError(f"a window's rate and period must be positive numbers: {value!r}")
+    burst = default_burst(rate) if len(value) == 2 else value[2]
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        raise ValueError(f"a window's burst must be a whole number of at least 1: {value!r}")
+    return float(rate), float(period), burst
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _coerce(name: str, value: Any) -> Any:
     if value is None and name in _OPTIONAL_FIELDS:
         return None
+    if name == "windows":
+        if isinstance(value, list | tuple):  # a JSON list, or tuples from Sandbox.configure()
+            return tuple(_window(window) for window in value)
+        raise ValueError(f"windows must be a list of [rate, period(, burst)], not {value!r}")
     # bool is an int to Python, but `true` is not a rate.
     if name in _BOOL_FIELDS:
         if isinstance(value, bool):

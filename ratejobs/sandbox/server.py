@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import socket
@@ -18,6 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
 
+from ratejobs.sandbox.bucket import MAIN, TOKENS
 from ratejobs.sandbox.config import SandboxConfig
 from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
 from ratejobs.sandbox.state import THROTTLED, Admission, Answer, SandboxState
@@ -36,6 +38,11 @@ POLL_INTERVAL_S = 0.05
 # stop() that something unforeseen holds up.
 STOP_TIMEOUT_S = 5.0
 JSON = "application/json"
+# What an admitted request was charged from the token budget, as the response reports it.
+TOKENS_USED_HEADER = "X-Tokens-Used"
+# A request that names no tokens costs one: a budget is then a second request quota, and no
+# request is free.
+DEFAULT_TOKENS = 1
 CONNECTION_THREAD_PREFIX = "sandbox connection "
 
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
@@ -143,10 +150,23 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(earlier.status, earlier.body, list(earlier.headers))
                 return
         status, problem = _route(path, query)
+        config = state.config
+        tokens, named, token_problem = _requested_tokens(query, body, config)
+        if token_problem is not None and problem is None:
+            status, problem = 400, token_problem
         answer = None
         try:
-            admission = state.admit(path, status, self.headers.get("X-Request-Id"), key)
-            answer = self._decide(admission, problem, path, query, len(body))
+            admission = state.admit(
+                path,
+                status,
+                self.headers.get("X-Request-Id"),
+                key,
+                tokens=tokens,
+                limit_key=limit_key(self.headers, config.limit_by_header),
+            )
+            # Usage is reported where someone counts tokens: a budget, or a request naming them.
+            report = named or config.token_rate is not None
+            answer = self._decide(admission, problem, path, query, len(body), report_usage=report)
         finally:
             # Remembered before it is sent: a client that has the answer and tries again
             # gets it again, never a 409; a client that died meanwhile gets it on its retry.
@@ -163,10 +183,14 @@ class _Handler(BaseHTTPRequestHandler):
         path: str,
         query: dict[str, str],
         body_bytes: int,
+        *,
+        report_usage: bool = False,
     ) -> Answer:
         """The answer to an arrival the server admitted or throttled (see _route)."""
         arrival = admission.arrival
         headers = _quota_headers(admission)
+        if report_usage:
+            headers.append((TOKENS_USED_HEADER, str(arrival.tokens)))
         if admission.config.latency:
             self.server.stopping.wait(admission.config.latency)
         if arrival.throttled:
@@ -178,6 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
         if problem is not None:
             return Answer(arrival.status, {"error": problem}, tuple(headers))
         answer = self._answer(path, query, body_bytes, arrival.n, headers)
+        if report_usage and isinstance(answer, dict):
+            answer["usage"] = {"total_tokens": arrival.tokens}  # OpenAI's name for it
         return Answer(arrival.status, answer, tuple(headers))
 
     def _answer(
@@ -304,6 +330,16 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(head if self.command == "HEAD" else head + payload)
 
 
+def limit_key(headers: Any, header: str) -> str | None:
+    """--limit-by-header: whose buckets decide a request, as a digest of the header's value
+    (a credential: the stats and the log name it without showing it); a request without the
+    header shares the bucket of the empty value. None: one set of buckets for all."""
+    if not header:
+        return None
+    value = headers.get(header) or ""
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
 def _route(path: str, query: dict[str, str]) -> tuple[int, str | None]:
     """The status the API would answer were it not for the limit and injected errors, and what
     is wrong with the request when that is a 400."""
@@ -326,44 +362,100 @@ def _route(path: str, query: dict[str, str]) -> tuple[int, str | None]:
 
 
 def _quota_headers(admission: Admission) -> list[tuple[str, str]]:
+    """The quota headers of `admission.config.headers`. A style with room for one request quota
+    advertises the tightest of the main one and the windows; IETF lists them all."""
     config = admission.config
+    decision = admission.decision
+    tightest = decision.tightest if decision is not None else None
+    limit = config.rate if tightest is None else tightest.limit
+    burst = config.burst if tightest is None else tightest.burst
+    token_quota = decision.tokens if decision is not None else None
     if config.headers == "github":
         reset = math.ceil(time.time() + admission.reset_after)  # epoch seconds, never early
         return [
-            ("X-RateLimit-Limit", _number(config.rate)),
+            ("X-RateLimit-Limit", _number(limit)),
             ("X-RateLimit-Remaining", str(admission.remaining)),
             ("X-RateLimit-Reset", str(reset)),
         ]
     if config.headers == "ietf":
         # draft-ietf-httpapi-ratelimit-headers (08 and later): integers where the draft asks
         # for them; a fractional rate or period goes out as a decimal with 3 digits at most.
-        return [
-            ("RateLimit-Policy", f'"default";q={_number(config.rate)};w={_number(config.period)}'),
-            (
-                "RateLimit",
-                f'"default";r={admission.remaining};t={math.ceil(admission.reset_after)}',
-            ),
-        ]
-    # The sandbox counts requests only, so the AI dialects get their requests dimension; tokens
-    # are a budget of their own that it does not keep.
+        # The main quota keeps the name "default"; the token budget says its unit (qu).
+        quotas = list(decision.requests) if decision is not None else []
+        if token_quota is not None:
+            quotas.append(token_quota)
+        if not quotas:
+            return []
+        policies, states = [], []
+        for quota in quotas:
+            name = "default" if quota.name == MAIN else quota.name
+            unit = ';qu="tokens"' if quota.name == TOKENS else ""
+            policies.append(f'"{name}";q={_number(quota.limit)};w={_number(quota.period)}{unit}')
+            states.append(f'"{name}";r={quota.remaining};t={math.ceil(quota.reset_after)}')
+        return [("RateLimit-Policy", ", ".join(policies)), ("RateLimit", ", ".join(states))]
     if config.headers == "openai":
-        return [
-            ("x-ratelimit-limit-requests", _number(config.rate)),
+        headers = [
+            ("x-ratelimit-limit-requests", _number(limit)),
             ("x-ratelimit-remaining-requests", str(admission.remaining)),
             ("x-ratelimit-reset-requests", _go_duration(admission.reset_after)),
         ]
+        if token_quota is not None:  # only a sandbox with a token budget has tokens to count
+            headers += [
+                ("x-ratelimit-limit-tokens", _number(token_quota.limit)),
+                ("x-ratelimit-remaining-tokens", str(token_quota.remaining)),
+                ("x-ratelimit-reset-tokens", _go_duration(token_quota.reset_after)),
+            ]
+        return headers
     if config.headers == "anthropic":
-        reset = datetime.fromtimestamp(math.ceil(time.time() + admission.reset_after), UTC)
-        return [
-            ("anthropic-ratelimit-requests-limit", _number(config.rate)),
+        headers = [
+            ("anthropic-ratelimit-requests-limit", _number(limit)),
             ("anthropic-ratelimit-requests-remaining", str(admission.remaining)),
-            ("anthropic-ratelimit-requests-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ")),
+            ("anthropic-ratelimit-requests-reset", _rfc3339_after(admission.reset_after)),
         ]
+        if token_quota is not None:
+            headers += [
+                ("anthropic-ratelimit-tokens-limit", _number(token_quota.limit)),
+                ("anthropic-ratelimit-tokens-remaining", str(token_quota.remaining)),
+                ("anthropic-ratelimit-tokens-reset", _rfc3339_after(token_quota.reset_after)),
+            ]
+        return headers
     if config.headers == "shopify":
         # Marbles in the bucket / its size: the burst is the bucket, the rate its leak.
-        used = config.burst - admission.remaining
-        return [("X-Shopify-Shop-Api-Call-Limit", f"{used}/{config.burst}")]
+        used = burst - admission.remaining
+        return [("X-Shopify-Shop-Api-Call-Limit", f"{used}/{burst}")]
     return []
+
+
+def _rfc3339_after(seconds: float) -> str:
+    """A whole second, never early, as Anthropic sends its resets."""
+    reset = datetime.fromtimestamp(math.ceil(time.time() + seconds), UTC)
+    return reset.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _requested_tokens(
+    query: dict[str, str], body: bytes, config: SandboxConfig
+) -> tuple[int, bool, str | None]:
+    """The tokens a request asks for, whether it named them, and what is wrong with them.
+
+    ?tokens=N wins over a JSON body's "tokens": the query is read on every method and before
+    the body. Not named: DEFAULT_TOKENS. Malformed, or more than the budget's burst (it could
+    never be admitted): a 400 that costs no tokens."""
+    value: object = None
+    if "tokens" in query:
+        value = _int(query["tokens"])
+        if value is None:
+            return 0, True, "tokens must be a whole number >= 0"
+    elif body[:1] == b"{":  # cheap test first: most bodies are no JSON object
+        with contextlib.suppress(ValueError):
+            value = json.loads(body).get("tokens")
+    if value is None:
+        return DEFAULT_TOKENS, False, None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return 0, True, "tokens must be a whole number >= 0"
+    burst = config.effective_token_burst
+    if config.token_rate is not None and value > burst:
+        return 0, True, f"tokens={value} is more than the token budget's burst of {burst}"
+    return value, True, None
 
 
 def _go_duration(seconds: float) -> str:

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import Http404
 
 from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
-from ratejobs.models import Api
-from ratejobs.services.apis import api_limiter
+from ratejobs.limiter.buckets import KeyBuckets, key_buckets
+from ratejobs.models import Api, ApiCredential
+from ratejobs.selectors.jobs import duration_text
+from ratejobs.services.apis import api_limiter, redis_client
+
+if TYPE_CHECKING:
+    from ratejobs.limiter.core import WindowState
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,34 @@ def api_limiter_state(api: Api) -> LimiterState:
     return api_limiter(api).state()
 
 
+# A window that takes this long to refill says when, as a clock time, too.
+REFILL_CLOCK_AFTER = 3600.0
+
+
+def window_text(state: WindowState) -> str:
+    """One of an API's limits as an operator reads it: "300 per 60 s (burst 10): 212 left, full
+    in 41 s" ("90000 cost per 60 s ..." for a cost window): what may go now, and when the
+    whole quota is back."""
+    window = state.window
+    unit = " cost" if window.unit == "cost" else ""
+    left = max(0, math.floor(state.remaining))
+    text = f"{window.rate:g}{unit} per {window.period:g} s (burst {window.burst}): {left} left"
+    if left < 1:
+        text += f", next in {state.next_free_in:.1f} s"
+    if state.full_in <= 0:
+        return text + ", full"
+    text = f"{text}, full in {_seconds_text(state.full_in)}"
+    if state.full_in >= REFILL_CLOCK_AFTER:  # a day's quota: when, as a time of day
+        at = datetime.now(UTC) + timedelta(seconds=state.full_in)
+        text += f" (at {at:%H:%M} UTC)"
+    return text
+
+
+def _seconds_text(seconds: float) -> str:
+    # a fast window refills within a second or two: whole seconds would read "0 s"
+    return f"{seconds:.1f} s" if seconds < 10 else duration_text(seconds)
+
+
 def api_limiter_readings(apis: Iterable[Api]) -> dict[int, LimiterReading]:
     """Each API's limiter state by API id, never raising: a listing of APIs stays useful while
     Redis is down. After one LimiterUnavailable the rest are not tried (they share one Redis,
@@ -58,3 +94,25 @@ def api_limiter_readings(apis: Iterable[Api]) -> dict[int, LimiterReading]:
                 state=None, error=f"limiter state unavailable: {type(exc).__name__}"
             )
     return readings
+
+
+def credential_list(*, api: Api, search: str = "") -> QuerySet[ApiCredential]:
+    """The API's credentials (keys and when they were added; the secret column is deferred so
+    a listing never loads one)."""
+    credentials = ApiCredential.objects.filter(api=api).defer("credential_encrypted")
+    if search:
+        credentials = credentials.filter(key__contains=search)
+    return credentials.order_by("key")
+
+
+def api_key_buckets(api: Api, *, top: int = 10) -> KeyBuckets:
+    """The API's credential keys with live limiter state in Redis (a bounded SCAN) and the most
+    blocked or throttled of them; LimiterError when Redis cannot be read."""
+    return key_buckets(redis_client(), api.name, top=top)
+
+
+def api_list_marking_credentials() -> QuerySet[Api]:
+    """api_list() with `has_credentials` on each API (in the same query)."""
+    return api_list().annotate(
+        has_credentials=Exists(ApiCredential.objects.filter(api=OuterRef("pk")))
+    )

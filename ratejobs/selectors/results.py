@@ -20,7 +20,9 @@ from ratejobs.models import Call, Job
 from ratejobs.selectors.jobs import response_body_output
 
 # What each row says, in this order (CSV's header line, JSON's keys): the body as the REST call
-# pages present it, base64 when binary, and response_removed_at when retention removed it.
+# pages present it, base64 when binary, and response_removed_at when retention removed it;
+# credential_key is the key the call was sent with (its own, else its job's; empty: the API's);
+# cost is the estimate given at submission, cost_used what the API said it used (null: unsaid).
 RESULT_FIELDS = (
     "index",
     "method",
@@ -29,11 +31,14 @@ RESULT_FIELDS = (
     "status_code",
     "attempts",
     "duration",
+    "cost",
+    "cost_used",
     "error",
     "response_body",
     "response_body_base64",
     "response_truncated",
     "response_removed_at",
+    "credential_key",
 )
 # What is read: the same, but whether the body is base64, which is worked out from the body.
 _COLUMNS = tuple(name for name in RESULT_FIELDS if name != "response_body_base64")
@@ -68,9 +73,9 @@ def call_result_rows(job: Job) -> Iterator[tuple[Any, ...]]:
     # (they take the write lock), and its cursor reads step by step without one.
     within = transaction.atomic() if connection.vendor == "postgresql" else contextlib.nullcontext()
     with within:
-        for *call, body, truncated, removed in rows:
+        for *call, body, truncated, removed, key in rows:
             text, is_base64 = response_body_output(body, truncated=truncated)
-            yield (*call, text, is_base64, truncated, _moment(removed))
+            yield (*call, text, is_base64, truncated, _moment(removed), key or job.credential_key)
 
 
 def _moment(value: datetime | None) -> str | None:
@@ -108,11 +113,11 @@ def results_csv(rows: Iterable[tuple[Any, ...]]) -> Iterator[bytes]:
 
     def lines() -> Iterator[str]:
         yield ",".join(RESULT_FIELDS) + "\r\n"  # plain names: nothing to quote
-        for (index, method, path, status, code, attempts, duration, error, body, is_base64,
-             cut, removed) in rows:  # fmt: skip
+        for (index, method, path, status, code, attempts, duration, cost, cost_used, error,
+             body, is_base64, cut, removed, key) in rows:  # fmt: skip
             writer.writerow(
-                (index, method, path, status, code, attempts, duration, error, body,
-                 _flag(is_base64), _flag(cut), removed)
+                (index, method, path, status, code, attempts, duration, cost, cost_used, error,
+                 body, _flag(is_base64), _flag(cut), removed, key)
             )  # fmt: skip
             yield buffer.getvalue()
             buffer.seek(0)

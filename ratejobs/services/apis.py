@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -16,6 +18,7 @@ from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel
 
 from ratejobs.credentials import check_credential_env, encrypt_secret
+from ratejobs.execution.cost import COST_JSON_FIELD
 from ratejobs.execution.outbound import check_url_allowed, policy_for
 from ratejobs.execution.urls import (
     ALWAYS_PROTECTED_HEADERS,
@@ -26,7 +29,9 @@ from ratejobs.execution.urls import (
     validate_base_url,
 )
 from ratejobs.limiter import Feedback, Limiter
-from ratejobs.models import Api, ThrottleEvent
+from ratejobs.limiter.buckets import reset_key_buckets
+from ratejobs.limiter.config import MAX_WINDOWS, Window
+from ratejobs.models import Api, ThrottleEvent, api_windows
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +51,9 @@ EDITABLE_FIELDS = (
     "auth_header",
     "idempotency_header",
     "credential_env",
+    "limits",
+    "cost_header",
+    "cost_json_field",
 )
 # Redis calls from the web and workers give up after this long, so a dead Redis turns into a
 # LimiterUnavailable quickly instead of a hung worker.
@@ -83,15 +91,33 @@ def connect_redis(
     return redis.Redis.from_url(url, health_check_interval=30, **timeouts)
 
 
-_limiters: dict[str, Limiter] = {}
+# Limiter objects kept per process, most recently used last: one per API and one per credential
+# key in use, so an API with thousands of customers keeps a bounded number (a Limiter is a few
+# KB; one evicted is rebuilt from its name at its next use, its state lives in Redis).
+MAX_CACHED_LIMITERS = 4096
+_limiters: OrderedDict[str, Limiter] = OrderedDict()
+_limiters_lock = threading.Lock()  # the engine's threads and its recorder share the cache
 
 
-def api_limiter(api: Api) -> Limiter:
-    """The shared limiter for `api`, carrying its current limits (to restore them after Redis
-    lost them); one Limiter object per API per process."""
-    limiter = _limiters.get(api.name)
-    if limiter is None:
-        limiter = _limiters[api.name] = Limiter(redis_client(), api.name)
+def api_limiter_name(api: Api, credential_key: str = "") -> str:
+    """The API's own limiter is named after it; a credential key's is `{api}:{key}` (an API's
+    name never holds ':', so no key's limiter is another API's)."""
+    return f"{api.name}:{credential_key}" if credential_key else api.name
+
+
+def api_limiter(api: Api, credential_key: str = "") -> Limiter:
+    """The shared limiter for `api` (or for one of its credential keys: a bucket of its own with
+    the API's limits, configured in Redis at its first use), carrying the API's current limits
+    and their version, so a change of them reaches every key's bucket at its next grant."""
+    name = api_limiter_name(api, credential_key)
+    with _limiters_lock:
+        limiter = _limiters.get(name)
+        if limiter is None:
+            limiter = _limiters[name] = Limiter(redis_client(), name)
+            while len(_limiters) > MAX_CACHED_LIMITERS:
+                _limiters.popitem(last=False)
+        else:
+            _limiters.move_to_end(name)
     limiter.config = api.limiter_config()
     return limiter
 
@@ -106,6 +132,11 @@ def _validate(api: Api) -> None:
         check_url_allowed(api.base_url, policy_for(settings.RATEJOBS_OUTBOUND_ALLOW))
     except ValueError as exc:
         raise ValidationError({"base_url": str(exc)}) from exc
+    limits = limits_errors(api.limits)
+    if limits:
+        raise ValidationError({"limits": limits})
+    # stored canonical: every window with its unit
+    api.limits = [window.as_json() for window in api_windows(api.limits)]
     try:
         api.limiter_config()
     except ValueError as exc:
@@ -150,6 +181,65 @@ def _validate_credentials(api: Api) -> None:
         raise ValidationError(errors)
 
 
+WINDOW_FIELDS = ("rate", "period", "burst", "unit")
+_REQUIRED_WINDOW_FIELDS = ("rate", "period", "burst")
+
+
+def limits_errors(limits: object) -> list[str]:
+    """What is wrong with an API's `limits`, one message per problem naming the window and its
+    field (`limits[1].period: ...`); empty when they are good."""
+    if not isinstance(limits, list):
+        return ['must be a list of windows, e.g. [{"rate": 1000, "period": 3600, "burst": 100}]']
+    if len(limits) > MAX_WINDOWS:
+        return [f"at most {MAX_WINDOWS} windows besides rate/period/burst ({len(limits)} given)"]
+    errors = []
+    labels: dict[str, int] = {}
+    for index, item in enumerate(limits):
+        where = f"limits[{index}]"
+        if not isinstance(item, dict):
+            errors.append(f"{where}: must be an object with rate, period, burst (and unit)")
+            continue
+        unknown = sorted(str(name) for name in set(item) - set(WINDOW_FIELDS))
+        missing = [name for name in _REQUIRED_WINDOW_FIELDS if name not in item]
+        errors += [f"{where}.{name}: unknown field (use {', '.join(WINDOW_FIELDS)})"
+                   for name in unknown]  # fmt: skip
+        errors += [f"{where}.{name}: required" for name in missing]
+        if unknown or missing:
+            continue
+        try:
+            label = Window(**item).label
+        except ValueError as exc:
+            # Window's messages start with the field they are about ("period must be ...")
+            for message in str(exc).split("; "):
+                name, _, rest = message.partition(" must ")
+                if name in WINDOW_FIELDS:
+                    errors.append(f"{where}.{name}: must {rest}")
+                else:  # "rate / period must be ...": about two fields
+                    errors.append(f"{where}: {message}")
+            continue
+        # the label names the window in metrics and pages: one window per label
+        if label in labels:
+            errors.append(f"{where}: the same rate, period and unit as limits[{labels[label]}]")
+        labels.setdefault(label, index)
+    return errors
+
+
+def _validate_cost_fields(api: Api) -> None:
+    errors = {}
+    if api.cost_header:
+        try:
+            check_header_syntax({api.cost_header: ""})
+        except ValueError as exc:
+            errors["cost_header"] = str(exc)
+    if api.cost_json_field and not COST_JSON_FIELD.fullmatch(api.cost_json_field):
+        errors["cost_json_field"] = (
+            "must be a dotted path of names (letters, digits, _ and -) into the JSON response, "
+            "e.g. usage.total_tokens"
+        )
+    if errors:
+        raise ValidationError(errors)
+
+
 def _validate_idempotency_header(api: Api) -> None:
     name = api.idempotency_header
     if not name:
@@ -183,6 +273,7 @@ def api_validate(*, api: Api, credential_given: bool) -> None:
     _validate(api)
     _validate_credentials(api)
     _validate_idempotency_header(api)
+    _validate_cost_fields(api)
     stored = Api.objects.filter(pk=api.pk).values("base_url", "credential_env",
                                                    "credential_encrypted").first()  # fmt: skip
     if (
@@ -265,7 +356,10 @@ def api_block(*, api: Api, seconds: float) -> Feedback:
     return feedback
 
 
-def api_limiter_reset(*, api: Api) -> None:
+def api_limiter_reset(*, api: Api) -> int:
+    """Reset the API's limiter and every credential key's bucket; returns how many key buckets
+    were reset."""
     limiter = api_limiter(api)
     limiter.reset()
     limiter.configure(api.limiter_config())
+    return reset_key_buckets(redis_client(), api.name)

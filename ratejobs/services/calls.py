@@ -34,6 +34,7 @@ from ratejobs.execution.request import HttpRequest, build_request, merge_headers
 from ratejobs.limiter import Grant, Limiter, LimiterError
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_limiter
+from ratejobs.services.credentials import KeySecret, key_secrets
 from ratejobs.services.dispatch import request_dispatch
 from ratejobs.services.jobs import job_complete_if_done, job_seconds_add
 from ratejobs.services.workers import (
@@ -133,14 +134,19 @@ def calls_claim(
         )
     if not claimed:
         return []
-    context = api_context(api)
     # The last response of a call being retried is not needed to send it again.
-    calls = Call.objects.defer(*UNNEEDED_TO_SEND).filter(pk__in=call_ids, claim_token=token)
+    calls = list(Call.objects.defer(*UNNEEDED_TO_SEND).filter(pk__in=call_ids, claim_token=token))
+    contexts = api_contexts(api, {call_credential_key(call, job) for call in calls})
     claims = []
     for call in calls:
         call.job = job
-        claims.append(Claimed(call, token, context))
+        claims.append(Claimed(call, token, contexts[call_credential_key(call, job)]))
     return claims
+
+
+def call_credential_key(call: Call, job: Job) -> str:
+    """The credential key the call is sent with: its own, else its job's; "": the API's own."""
+    return call.credential_key or job.credential_key
 
 
 def calls_reserve_slots(claims: list[Claimed]) -> list[Claimed]:
@@ -151,34 +157,67 @@ def calls_reserve_slots(claims: list[Claimed]) -> list[Claimed]:
     own thread, woken by the release, never the claiming thread."""
     if not claims or claims[0].call.job.api.max_concurrency:
         return claims
+    # Calls naming credential keys go by limiter: one acquire_many per bucket.
+    groups: dict[str, list[Claimed]] = defaultdict(list)
+    for item in claims:
+        groups[item.context.limiter.name].append(item)
+    reserved: list[Claimed] = []
+    unreserved: list[Claimed] = []
+    for group in groups.values():
+        done = _reserve_group(group)
+        reserved += done
+        unreserved += group[len(done) :]
+    return reserved + unreserved
+
+
+def _reserve_group(claims: list[Claimed]) -> list[Claimed]:
+    """Reserve slots for the first of `claims` (all of one limiter); returns those reserved."""
     context = claims[0].context
     try:
         batch = context.limiter.acquire_many(
             len(claims),
+            # each slot takes its call's estimated cost from the cost windows
+            costs=[item.call.cost for item in claims],
             max_wait=settings.RATEJOBS_MAX_WORKER_WAIT,
             lease_seconds=context.policy.lease_seconds,
         )
     except LimiterError:  # each call tries again on its own and records why it could not
-        return claims
+        return []
     except Exception:  # the calls are claimed: they must still run, and record what happens
         logger.exception("limiter %r: could not reserve slots for a batch", context.limiter.name)
-        return claims
-    reserved = [replace(item, reserved=grant) for item, grant in zip(claims, batch, strict=False)]
-    return reserved + claims[len(reserved) :]
+        return []
+    return [replace(item, reserved=grant) for item, grant in zip(claims, batch, strict=False)]
 
 
-def api_context(api: Api) -> ApiContext:
-    try:
-        secret = resolve_credential(
-            credential_env=api.credential_env, credential_encrypted=api.credential_encrypted
-        )
-        error = None
-    except CredentialError as exc:
-        secret, error = None, str(exc)
+def api_contexts(api: Api, credential_keys: Iterable[str]) -> dict[str, ApiContext]:
+    """The context of each credential key ("" for the API's own), the keys' secrets read in
+    one query."""
+    keys = set(credential_keys)
+    named = key_secrets(api=api, keys=keys - {""}) if keys - {""} else {}
+    return {key: api_context(api, key, named.get(key)) for key in keys}
+
+
+def api_context(
+    api: Api, credential_key: str = "", key_secret: KeySecret | None = None
+) -> ApiContext:
+    """What calls of `api` sent with `credential_key` need: its secret (`key_secret`, from
+    services.credentials.key_secrets) and its own limiter bucket; "": the API's own."""
+    if credential_key:
+        if key_secret is None:
+            key_secret = key_secrets(api=api, keys=[credential_key])[credential_key]
+        secret, error = key_secret.secret, key_secret.error
+    else:
+        try:
+            secret = resolve_credential(
+                credential_env=api.credential_env, credential_encrypted=api.credential_encrypted
+            )
+            error = None
+        except CredentialError as exc:
+            secret, error = None, str(exc)
     return ApiContext(
         secret=secret,
         credential_error=error,
-        limiter=api_limiter(api),
+        limiter=api_limiter(api, credential_key),
         policy=execution_policy(api),
         session=session_for_process(
             policy_for(settings.RATEJOBS_OUTBOUND_ALLOW),
@@ -194,6 +233,8 @@ def execution_policy(api: Api) -> ExecutionPolicy:
         max_attempts=api.max_attempts,
         max_throttled_retries=api.max_throttled_retries,
         retry_conflicts=bool(api.idempotency_header),
+        cost_header=api.cost_header,
+        cost_json_field=api.cost_json_field,
     )
 
 
@@ -249,6 +290,7 @@ def call_attempt(claimed: Claimed) -> Outcome:
         # them in bulk, one round trip per API instead of one per call.
         return_lease=bool(api.max_concurrency),
         reserved=claimed.reserved,
+        cost=call.cost,
     )
 
 
@@ -350,22 +392,20 @@ def _update_calls(names: tuple[str, ...], rows: list[dict]) -> None:
 
 
 def _return_leases(finished: list[Finished]) -> None:
-    """Return the leases the attempts handed back, one round trip per API; a lease not
-    returned expires by itself."""
-    by_api: dict[int, list] = defaultdict(list)
-    apis: dict[int, Api] = {}
+    """Return the leases the attempts handed back, one round trip per limiter (an API's own,
+    or a credential key's bucket); a lease not returned expires by itself."""
+    by_limiter: dict[str, list] = defaultdict(list)
+    limiters: dict[str, Limiter] = {}
     for item in finished:
         if item.outcome.lease is not None:
-            api = item.claimed.call.job.api
-            apis[api.pk] = api
-            by_api[api.pk].append(item.outcome.lease)
-    for api_id, leases in by_api.items():
+            limiter = item.claimed.context.limiter
+            limiters[limiter.name] = limiter
+            by_limiter[limiter.name].append(item.outcome.lease)
+    for name, leases in by_limiter.items():
         try:
-            api_limiter(apis[api_id]).release_many(leases)
+            limiters[name].release_many(leases)
         except LimiterError as exc:
-            logger.warning(
-                "limiter %r: %d leases not returned: %s", apis[api_id].name, len(leases), exc
-            )
+            logger.warning("limiter %r: %d leases not returned: %s", name, len(leases), exc)
 
 
 def _outcome_fields(outcome: Outcome, kind: str, now) -> dict:
@@ -388,6 +428,8 @@ def _outcome_fields(outcome: Outcome, kind: str, now) -> dict:
             response_removed_at=None,  # a new response replaces one retention removed
             duration=result.duration,
         )
+    if outcome.cost_used is not None:
+        fields["cost_used"] = outcome.cost_used
     if kind in Call.FINAL:
         fields.update(status=kind, finished=now, next_attempt_at=None)
     else:
@@ -442,8 +484,11 @@ def _log_throttle_decision(call: Call, outcome: Outcome, kinds: list[str]) -> No
     """One INFO line per response that changed the shared limiter: what the API said and what
     every worker now does about it."""
     feedback, result = outcome.feedback, outcome.result
+    # The bucket it changed: the API's own, or one customer's key's (keys are not secrets).
+    key = call_credential_key(call, call.job)
     fields = {
         "api": call.job.api.name,
+        "credential_key": key,
         "job_id": call.job_id,
         "call_id": call.pk,
         "status_code": result.status_code,
@@ -455,7 +500,8 @@ def _log_throttle_decision(call: Call, outcome: Outcome, kinds: list[str]) -> No
         "retry_in": round(outcome.retry_after, 3),
     }
     logger.info(
-        "throttle decision: api=%(api)s job=%(job_id)s call=%(call_id)s status=%(status_code)s "
+        "throttle decision: api=%(api)s" + (" key=%(credential_key)s" if key else "") + " "
+        "job=%(job_id)s call=%(call_id)s status=%(status_code)s "
         "events=%(events)s blocked_for=%(blocked_for).3fs rate=%(rate_before).3f->"
         "%(rate_after).3f outcome=%(outcome)s retry_in=%(retry_in).3fs",
         fields,

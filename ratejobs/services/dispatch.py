@@ -18,9 +18,10 @@ import redis
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Min, Q
+from django.db.models import F, Min, Q, Value
+from django.db.models.functions import Coalesce, NullIf
 
-from ratejobs.models import Api, Call, Job
+from ratejobs.models import Api, ApiCredential, Call, Job
 from ratejobs.services.apis import redis_client
 from ratejobs.services.workers import database_now
 
@@ -42,12 +43,31 @@ class DispatchResult:
     next_due: datetime | None  # the earliest later attempt still waiting, if any
 
 
-def dispatch_window(api: Api) -> int:
-    per_second = api.rate / api.period
+def dispatch_window(api: Api, *, buckets: int = 1) -> int:
+    """Calls the broker may hold for `api`: RATEJOBS_DISPATCH_WINDOW_SECONDS of its work,
+    where `buckets` credential keys each run at the API's rate."""
+    per_second = api.rate / api.period * buckets
     wanted = math.ceil(per_second * settings.RATEJOBS_DISPATCH_WINDOW_SECONDS)
     return max(
         settings.RATEJOBS_DISPATCH_WINDOW_MIN, min(settings.RATEJOBS_DISPATCH_WINDOW_MAX, wanted)
     )
+
+
+def _credential_buckets_running(api_id: int) -> int:
+    """How many limiter buckets the API's running calls use (its own, and one per credential
+    key), at least 1: calls spread over K keys go K times the API's rate, and a window of one
+    rate's work would leave the broker empty between dispatch runs. Counted over the running
+    calls (few, and indexed), only for an API that has credentials."""
+    if not ApiCredential.objects.filter(api_id=api_id).exists():
+        return 1
+    running = (
+        Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING)
+        .annotate(key=Coalesce(NullIf("credential_key", Value("")), "job__credential_key"))
+        .values("key")
+        .distinct()
+        .count()
+    )
+    return max(1, running)
 
 
 def calls_per_message(api: Api) -> int:
@@ -70,7 +90,7 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
         in_window = Call.objects.filter(
             job__api_id=api_id, status=Call.Status.PENDING, dispatched_at__isnull=False
         ).count()
-        free = dispatch_window(api) - in_window
+        free = dispatch_window(api, buckets=_credential_buckets_running(api_id)) - in_window
         if api.max_concurrency:
             # As many calls waiting as running at most: each waits for a released place
             # (woken by the release), and more would only time out and come back.
@@ -180,11 +200,14 @@ def request_dispatch(api_id: int, *, countdown: float = DISPATCH_DEBOUNCE_SECOND
     """Ask for a dispatch run of the API within `countdown` seconds; requests within the
     debounce time share one run."""
     try:
+        # The requests share the run until it starts: a run asked for at once (a new job's)
+        # must not swallow the requests of calls that finish while it runs, or an API with an
+        # in-flight cap, whose window holds only a few calls, waits for the reconciler.
         first = redis_client().set(
             f"ratejobs:dispatch:{{{api_id}}}:pending",
             1,
             nx=True,
-            px=int(DISPATCH_DEBOUNCE_SECONDS * 1000),
+            px=max(1, int(min(countdown, DISPATCH_DEBOUNCE_SECONDS) * 1000)),
         )
         if first:
             current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=countdown)

@@ -17,14 +17,25 @@ from django.utils import timezone
 
 from ratejobs.execution.request import merge_headers
 from ratejobs.execution.urls import check_headers, resolve_url, validate_method
+from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import Api, Call, Job, JobSecond
 from ratejobs.permissions import can_submit_to
+from ratejobs.services.callbacks import (
+    callback_fields_on_finish,
+    callback_url_check,
+    job_callback_queue,
+)
+from ratejobs.services.credentials import (
+    check_credential_key,
+    missing_credential_keys,
+    missing_keys_error,
+)
 from ratejobs.services.dispatch import request_dispatch
 from ratejobs.services.workers import database_now
 
 logger = logging.getLogger(__name__)
 
-CALL_FIELDS = {"method", "path", "query", "headers", "json", "body"}
+CALL_FIELDS = {"method", "path", "query", "headers", "json", "body", "cost", "credential_key"}
 # Rows per INSERT: large enough to be fast, small enough for SQLite's variable limit.
 BULK_BATCH = 2000
 # A job at least this large refreshes the planner's statistics of the calls table once stored.
@@ -118,6 +129,15 @@ def _call_fields_and_weight(*, api: Api, spec: Any) -> tuple[dict[str, Any], int
         size = len(json.dumps(body_json).encode())
     if size > settings.RATEJOBS_MAX_CALL_BODY_BYTES:
         errors["body"] = f"larger than {settings.RATEJOBS_MAX_CALL_BODY_BYTES} bytes"
+    credential_key = spec.get("credential_key", "")
+    if credential_key != "":
+        try:  # that the key exists is checked for the whole job (_CredentialKeysCheck)
+            check_credential_key(credential_key)
+        except ValueError as exc:
+            errors["credential_key"] = str(exc)
+    cost = spec.get("cost", 0)
+    if (problem := _cost_problem(api, cost)) is not None:
+        errors["cost"] = problem
     if errors:
         raise ValidationError(errors)
     fields = {
@@ -127,8 +147,25 @@ def _call_fields_and_weight(*, api: Api, spec: Any) -> tuple[dict[str, Any], int
         "headers": dict(headers) if headers else None,
         "json": body_json,
         "body": body,
+        "cost": cost,
+        "credential_key": credential_key,
     }
     return fields, len(url) + header_bytes + size
+
+
+def _cost_problem(api: Api, cost: Any) -> str | None:
+    """Why a call's estimated cost cannot be taken, if it cannot: a whole number from 0 to the
+    most one grant of the API's cost windows can hold (their smallest burst)."""
+    limited = api.max_cost
+    most = MAX_COST if limited is None else limited
+    if isinstance(cost, int) and not isinstance(cost, bool) and 0 <= cost <= most:
+        return None
+    if limited is None:
+        return f"must be a whole number from 0 to {MAX_COST:,}"
+    return (
+        f"must be a whole number from 0 to {most:,}: the smallest burst of the API's cost "
+        "windows, the most one call can ever be granted"
+    )
 
 
 def _holds_nul(value: Any) -> bool:
@@ -167,6 +204,8 @@ def job_submit(
     max_calls: int | None = None,
     not_before: datetime | None = None,
     deadline: datetime | None = None,
+    credential_key: str = "",
+    callback_url: str = "",
 ) -> tuple[Job, bool]:
     """Store a job and all its calls, or nothing: one transaction, rolled back on the first
     invalid call (after collecting a few more errors) or when `calls` itself raises. Returns
@@ -184,6 +223,9 @@ def job_submit(
 
     `not_before`: no call is sent before then. `deadline`: calls not started by then are
     cancelled with that reason; it must be in the future, and after not_before.
+
+    `callback_url`: the job's summary is POSTed there, signed, each time it finishes
+    (services.callbacks); the owner needs a signing key.
     """
     replayed = _job_with_key(owner, idempotency_key)
     if replayed is not None:
@@ -194,9 +236,14 @@ def job_submit(
             "members of its submitter groups."
         )
     _check_schedule(not_before, deadline)
+    callback_url_check(owner=owner, url=callback_url)
     job = Job(owner=owner, api=api, name=name, priority=priority, idempotency_key=idempotency_key,
-              not_before=not_before, deadline=deadline)  # fmt: skip
+              not_before=not_before, deadline=deadline,
+              credential_key=credential_key)  # fmt: skip
+    job.callback_url = callback_url
     job.full_clean(exclude=["owner", "api", "idempotency_key"])
+    if credential_key and missing_credential_keys(api=api, keys=[credential_key]):
+        raise missing_keys_error(api, [credential_key])
     try:
         with transaction.atomic():
             _lock_owner(owner)
@@ -330,6 +377,7 @@ def _checked_calls(
     if any was bad (after a few more errors) or there was none."""
     errors: dict[int, dict[str, list[str]]] = {}
     total = 0
+    keys = _CredentialKeysCheck(api)
     for index, spec in enumerate(calls):
         if allowed is not None and index >= allowed.most:
             raise ValidationError({"calls": allowed.refusal})
@@ -344,16 +392,50 @@ def _checked_calls(
                 break
             continue
         if not errors:  # after a bad call nothing more is stored; the rest is only checked
+            keys.add(fields["credential_key"])
             yield index, fields, weight
     if errors:
         raise CallsInvalid(errors)
     if not total:
         raise ValidationError({"calls": "a job needs at least one call"})
+    keys.finish()
+
+
+class _CredentialKeysCheck:
+    """That every credential key the calls name exists for the API, looked up a thousand
+    distinct keys at a time while the calls stream by; finish() raises naming the first
+    missing ones (the job's transaction then stores nothing)."""
+
+    BATCH = 1000
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.seen: set[str] = set()
+        self.pending: list[str] = []
+        self.missing: list[str] = []
+
+    def add(self, key: str) -> None:
+        if key and key not in self.seen:
+            self.seen.add(key)
+            self.pending.append(key)
+            if len(self.pending) >= self.BATCH:
+                self._look_up()
+
+    def _look_up(self) -> None:
+        self.missing += missing_credential_keys(api=self.api, keys=self.pending)
+        self.pending = []
+
+    def finish(self) -> None:
+        self._look_up()
+        if self.missing:
+            raise missing_keys_error(self.api, self.missing)
 
 
 # The fields a submitted call sets (call_fields_from_spec, plus its index); JSON ones are
 # written as JSON text.
-SUBMITTED_FIELDS = ("index", "method", "path", "query", "headers", "json", "body")
+SUBMITTED_FIELDS = (
+    "index", "method", "path", "query", "headers", "json", "body", "cost", "credential_key",
+)  # fmt: skip
 SUBMITTED_JSON_FIELDS = frozenset({"query", "headers", "json"})
 
 
@@ -423,14 +505,20 @@ def job_lock(job_id: int) -> str | None:
 
 
 def job_complete_if_done(*, job_id: int) -> bool:
-    """Mark the job completed once every call is final (counters move with the calls)."""
-    return bool(
+    """Mark the job completed once every call is final (counters move with the calls); a job
+    with a callback_url gets its delivery in the same statement, sent once this commits."""
+    completed = bool(
         Job.objects.filter(
             pk=job_id,
             status__in=(Job.Status.QUEUED, Job.Status.RUNNING, Job.Status.PAUSED),
             total=F("succeeded") + F("failed") + F("cancelled"),
-        ).update(status=Job.Status.COMPLETED, finished=timezone.now())
+        ).update(
+            status=Job.Status.COMPLETED, finished=timezone.now(), **callback_fields_on_finish()
+        )
     )
+    if completed:
+        job_callback_queue(job_id=job_id)
+    return completed
 
 
 @transaction.atomic
@@ -462,8 +550,11 @@ def job_cancel(*, job: Job) -> Job:
     locked = Job.objects.select_for_update().get(pk=job.pk)
     if locked.status in (Job.Status.CANCELLED, Job.Status.COMPLETED):
         return locked
-    Job.objects.filter(pk=job.pk).update(status=Job.Status.CANCELLED, finished=now)
+    Job.objects.filter(pk=job.pk).update(
+        status=Job.Status.CANCELLED, finished=now, **callback_fields_on_finish()
+    )
     _cancel_pending_calls(job_id=job.pk, now=now)
+    job_callback_queue(job_id=job.pk)
     locked.refresh_from_db()
     return locked
 

@@ -17,6 +17,7 @@ from django.db.models import Q, QuerySet
 
 from ratejobs.models import Call, Job
 from ratejobs.services.apis import connect_redis, redis_client
+from ratejobs.services.callbacks import callbacks_requeue
 from ratejobs.services.dispatch import dispatch_api, request_dispatch, schedule_wakeup
 from ratejobs.services.jobs import (
     job_cancel_leftovers,
@@ -130,6 +131,10 @@ def reconcile() -> ReconcileResult:
         except Exception:
             logger.exception("reconciler: could not check job %s; going on with the others", job_id)
     workers_forget_long_gone(now)
+    try:  # job callbacks whose sender died or whose message was lost
+        callbacks_requeue()
+    except Exception:
+        logger.exception("reconciler: could not requeue job callbacks; going on")
     api_ids = set(
         Job.objects.filter(status__in=Job.ACTIVE).values_list("api_id", flat=True).distinct()
     )

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from django.urls import reverse
 
+from ratejobs.admin.apis import learned_limit_text
 from ratejobs.models import Api, ThrottleEvent
 from ratejobs.services.apis import api_limiter
 
@@ -109,3 +112,15 @@ def test_an_api_added_in_the_admin_configures_its_limiter(
     assert response.status_code == 302, response.content.decode()[:2000]
     api = Api.objects.get(name=unique_name)
     assert api_limiter(api).state().rate == 7
+
+
+def test_the_api_page_shows_the_learned_limit(root_client, api):
+    # given an API that is not adaptive: nothing to learn
+    html = root_client.get(change_url(api)).content.decode()
+    assert "learned limit" in html and "not adaptive" in html
+    # and a limiter state that learned the real limit (the values state.lua returns)
+    state = api_limiter(api).state()
+    learned = dataclasses.replace(state, adaptive=True, learned_rate=39.6)
+    assert learned_limit_text(learned) == "39.6 per 1 s (held just under it)"
+    unmeasured = dataclasses.replace(state, adaptive=True, learned_rate=None)
+    assert learned_limit_text(unmeasured).startswith("not measured yet")

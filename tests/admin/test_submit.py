@@ -21,7 +21,7 @@ def test_the_submit_page_offers_a_file_and_a_template(root_client, api):
     page = root_client.get(ADD_URL)
     assert page.status_code == 200
     html = page.content.decode()
-    for field in ("calls_file", "path_template", "values", "api"):
+    for field in ("calls_file", "path_template", "values", "api", "not_before", "deadline"):
         assert f'name="{field}"' in html
 
 

@@ -145,6 +145,7 @@ def test_an_api_shows_its_live_limiter_state(api_client, api):
     assert 25 < limiter["blocked_for"] <= 30
     assert limiter["in_flight"] == 0
     assert {"next_free_in", "generation", "burst", "period"} <= set(limiter)
+    assert limiter["learned_rate"] is None  # nothing measured yet
 
 
 def test_patch_changes_limits_live(client_for, manager, api, django_capture_on_commit_callbacks):

@@ -81,9 +81,12 @@ def expected_rows() -> list[dict[str, Any]]:
             "status_code": fields.get("status_code"),
             "attempts": fields.get("attempts", 0),
             "duration": fields.get("duration"),
+            "cost": 0,
+            "cost_used": None,
             "error": fields.get("error", ""),
             "response_truncated": False,
             "response_removed_at": None,
+            "credential_key": "",
             **shown,
         }
         rows.append({name: row[name] for name in RESULT_FIELDS})

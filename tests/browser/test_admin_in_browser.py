@@ -16,7 +16,8 @@ from django.contrib.auth import get_user_model
 
 from ratejobs.models import Api, Job
 from ratejobs.selectors.apis import api_limiter_state
-from ratejobs.services.apis import api_create
+from ratejobs.services.apis import api_create, api_limiter
+from ratejobs.services.jobs import job_create
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
@@ -147,3 +148,44 @@ def test_a_staff_member_who_does_not_manage_apis_sees_an_api_read_only(
     assert "X-Static-Key: ***" in text
     assert "static-secret-value" not in text and "stored-secret" not in text
     print("API page, read only:", screenshot(page, "api-page-read-only"))
+
+
+def test_an_api_with_several_limits_shows_each_window_and_its_job_offers_its_results(
+    live_server, services_redis, unique_name, browser_page, screenshot
+):
+    # given an API with a per-minute window and a daily token quota, some of each spent, and a
+    # job on it whose calls carry their estimated tokens
+    api = api_create(
+        name=unique_name, base_url="https://api.example.com/v1", rate=20, burst=5,
+        limits=[{"rate": 10, "period": 60, "burst": 10},
+                {"rate": 9000, "period": 86400, "burst": 9000, "unit": "cost"}],
+        cost_json_field="usage.total_tokens",
+    )  # fmt: skip
+    limiter = api_limiter(api)
+    for _ in range(3):
+        limiter.release(limiter.acquire(cost=1000, max_wait=5))
+    owner = get_user_model().objects.create_superuser("operator", password=PASSWORD)
+    job = job_create(owner=owner, api=api, name="with costs",
+                     calls=[{"path": f"/items/{i}", "cost": 100} for i in range(3)])  # fmt: skip
+    page = browser_page
+    log_in(page, live_server.url)
+
+    # expect: the API page shows the main rate and a line per window, what is left of each and
+    # when it is whole again, and the form the limits and cost fields
+    page.goto(f"{live_server.url}/admin/ratejobs/api/{api.pk}/change/")
+    state = page.locator("#rj-limiter table.rj-state")
+    state.wait_for()
+    assert state.locator("tr", has_text="ceiling").inner_text().endswith("20 per 1 s (burst 5)")
+    lines = state.locator("tr:has(th:text-is('limit'))").all_inner_texts()
+    assert len(lines) == 2, lines
+    assert "10 per 60 s (burst 10): 7 left, full in 1" in lines[0]
+    assert "9000 cost per 86400 s (burst 9000): 6000 left, full in " in lines[1]
+    assert '"unit": "cost"' in page.locator("#id_limits").input_value()
+    assert page.locator("#id_cost_json_field").input_value() == "usage.total_tokens"
+    print("API page with limits:", screenshot(page, "api-page-limits"))
+
+    # and its job's page offers the results as files
+    page.goto(f"{live_server.url}/admin/ratejobs/job/{job.pk}/change/")
+    for label in ("CSV", "JSONL"):
+        assert page.locator(f"a.rj-download:has-text('Download results ({label})')").count() == 1
+    print("job page with the download buttons:", screenshot(page, "job-page-downloads"))

@@ -225,10 +225,10 @@ def test_a_canary_secret_never_leaks_into_the_database_logs_or_task_arguments(
 def test_adaptive_rate_finds_a_real_limit_half_the_configured_one(
     owner, sandbox, start_worker, unique_name
 ):
-    # given a server that advertises 20/s but enforces 10/s (burst 5) and sends no quota
-    # headers, and an adaptive API configured at the advertised 20/s
-    server = sandbox(rate=20, real_rate=10, burst=5, headers="none")
-    api = api_create(name=unique_name, base_url=server.url, rate=20, burst=1, adaptive=True)
+    # given a server that advertises 40/s but enforces 20/s (burst 5) and sends no quota
+    # headers, and an adaptive API configured at the advertised 40/s
+    server = sandbox(rate=40, real_rate=20, burst=5, headers="none")
+    api = api_create(name=unique_name, base_url=server.url, rate=40, burst=1, adaptive=True)
     start_worker(concurrency=2)
     calls = 300
     job = job_create(
@@ -241,11 +241,19 @@ def test_adaptive_rate_finds_a_real_limit_half_the_configured_one(
     stats = server.stats()
     elapsed = (job.finished - job.started).total_seconds()
     pace, share = calls / elapsed, stats["throttled"] / stats["arrivals"]
-    print(f"adaptive: {pace:.2f}/s against a real 10/s; 429s {stats['throttled']} ({share:.1%})")
-    # expect: few 429s, and most of the real limit used (discovery included)
+    learned = api_limiter_state(api).learned_rate
+    print(
+        f"adaptive: {pace:.2f}/s against a real 20/s, learned {learned}; "
+        f"429s {stats['throttled']} ({share:.1%})"
+    )
+    # expect: few 429s, the real limit learned, and most of it used. Finding it takes a few
+    # throttles, each stopping every worker for the server's Retry-After (1 s, 20 calls here):
+    # that is what keeps a 15 s job under the held rate (tests/limiter/test_learning.py
+    # measures the held rate itself).
     assert job.succeeded == calls
     assert share <= 0.05
-    assert pace >= 0.85 * 10
+    assert learned is not None and 0.9 * 20 <= learned <= 1.1 * 20
+    assert pace >= 0.7 * 20
 
 
 def test_job_completes_after_redis_restarts_mid_job_with_nothing_persisted(

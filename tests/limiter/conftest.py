@@ -18,6 +18,31 @@ def spawn() -> multiprocessing.context.SpawnContext:
     return multiprocessing.get_context("spawn")
 
 
+def take_in_processes(
+    spawn,
+    taker,
+    redis_url: str,
+    name: str,
+    count: int,
+    weight: int,
+    processes: int,
+    timeout: float = 60,
+) -> list:
+    """Run `taker` (tests.limiter.workers) in `processes` processes started together, each
+    taking `count` grants of `weight`; their reports (pid, grants, round trips)."""
+    barrier, results = spawn.Barrier(processes), spawn.Queue()
+    procs = [
+        spawn.Process(target=taker, args=(redis_url, name, count, weight, barrier, results))
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    reports = [results.get(timeout=timeout) for _ in range(processes)]
+    for p in procs:
+        p.join(10)
+    return reports
+
+
 def worst_window_excess(
     slots_us: Sequence[int], weights: Sequence[int], *, rate: float, period: float, burst: int
 ) -> float:

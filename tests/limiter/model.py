@@ -9,6 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# prelude.lua's learning constants (the values, not a reading of the Lua).
+LEARN_HOLD = 0.98
+LEARN_CLIMB = 2.0
+LEARN_PROBE = 0.002
+LEARN_PRECISE_GRANTS = 50
+LEARN_MIN_SPAN_US = 100_000
+LEARN_BUSY = 0.9
+
 GRANTED, WAIT, TOO_LONG, AT_CAPACITY, NOT_CONFIGURED = 0, 1, 2, 3, 4
 
 
@@ -22,6 +30,7 @@ class ModelConfig:
     min_rate: float
     decrease_factor: float
     recovery_seconds: float
+    learn: bool = True
 
 
 @dataclass
@@ -37,15 +46,105 @@ class ReferenceLimiter:
     wstart: float | None = None
     decreased_at: float | None = None
     leases: dict[str, float] = field(default_factory=dict)
+    grants: int = 0
+    # learning the real limit: the estimate, whether it is sure, the phase since the last
+    # accepted throttle (target rate, from when, grants then) and the shortest interval
+    learned: float | None = None
+    learn_sure: bool = False
+    learn_target: float | None = None
+    learn_from: int | None = None
+    learn_grants: int = 0
+    learn_base: tuple[int, int] | None = None
+    learn_base_gen: int | None = None  # generation of the base interval's grants
+    learn_base_late: int = 0  # its grants reported 429 after its throttle
+
+    def _since(self, now: float) -> float:
+        """Seconds since the learning phase started (0 before it)."""
+        return max(0, now - self.learn_from) / 1_000_000
+
+    def _learning_rate(self, now: float) -> float:
+        t = self._since(now) / self.config.recovery_seconds
+        if self.learn_sure:
+            return self.learn_target * (1 + LEARN_PROBE * t * t * t)
+        return self.learn_target * (1 + LEARN_CLIMB * t)
 
     def current_rate(self, now: float) -> float:
         cfg = self.config
-        if not cfg.adaptive or self.wmax is None:
+        if not cfg.adaptive:
             return cfg.rate
-        k = cfg.recovery_seconds
-        scale = (self.wmax - self.wstart) / (k * k * k)
-        d = (now - self.decreased_at) / 1_000_000 - k
-        return max(cfg.min_rate, min(cfg.rate, self.wmax + scale * d * d * d))
+        if cfg.learn and self.learn_target is not None:
+            r = self._learning_rate(now)
+        elif self.wmax is not None:
+            k = cfg.recovery_seconds
+            scale = (self.wmax - self.wstart) / (k * k * k)
+            d = (now - self.decreased_at) / 1_000_000 - k
+            r = self.wmax + scale * d * d * d
+        else:
+            return cfg.rate
+        return max(cfg.min_rate, min(cfg.rate, r))
+
+    def _learn(self, now: int, before: float) -> None:
+        """An accepted throttle measures the real limit: the grants the server accepted since
+        sending resumed, against the shortest such interval (the server's burst)."""
+        cfg = self.config
+        span = now - (self.learn_from if self.learn_from is not None else now)
+        if self.learn_target is not None and span > 0:
+            accepted = self.grants - self.learn_grants - 1
+            t, k = span / 1_000_000, cfg.recovery_seconds
+            if self.learn_sure:
+                units = t + LEARN_PROBE * t * t * t * t / (4 * k * k * k)
+            else:
+                units = t + LEARN_CLIMB * t * t / (2 * k)
+            allowed = min(self.learn_target * units, cfg.rate * t) / cfg.period
+            if accepted >= LEARN_BUSY * allowed:
+                period_us = cfg.period * 1_000_000
+                base = self.learn_base
+                if base and span - base[0] >= LEARN_MIN_SPAN_US and accepted > base[1]:
+                    slope = (accepted - base[1]) * period_us / (span - base[0])
+                    resumed_at = max(cfg.min_rate, min(cfg.rate, self.learn_target))
+                    if slope <= resumed_at:
+                        # pushed above the limit all along: the server's own pace
+                        # one measurement cuts no deeper than CUBIC would
+                        floor = before * cfg.decrease_factor
+                        self.learned = max(slope, floor)
+                        self.learn_sure = (
+                            slope >= floor and accepted - base[1] >= LEARN_PRECISE_GRANTS
+                        )
+                    else:
+                        # climbed past it: the climb's excess used up the server's burst
+                        burst = max(1, base[1] - self.learn_base_late - slope * base[0] / period_us)
+                        s = self.since_slope(now)
+                        estimate = max(resumed_at, before - math.sqrt(2 * burst * s))
+                        # a learned limit below the rate throttled at still fits: kept unless
+                        # the estimate is higher
+                        if (
+                            self.learned is None
+                            or estimate > self.learned
+                            or self.learned >= before
+                        ):
+                            self.learned = estimate
+                        self.learn_sure = True
+                    self.learned = min(self.learned, cfg.rate)
+                if base is None or span < base[0]:
+                    self.learn_base = (span, accepted)
+                    self.learn_base_gen, self.learn_base_late = self.generation, 0
+        target = before * cfg.decrease_factor
+        if self.learned is not None and self.learn_sure:
+            target = self.learned * LEARN_HOLD
+        elif self.learned is not None:
+            target = self.learned
+        self.learn_target = min(target, before)
+        self.learn_from = max(now, self.blocked_until)
+        self.learn_grants = self.grants
+
+    def since_slope(self, now: int) -> float:
+        """How fast the learning rate climbs at `now`, requests per period per period."""
+        cfg = self.config
+        t = self._since(now) / cfg.recovery_seconds
+        per_period = cfg.period / cfg.recovery_seconds
+        if self.learn_sure:
+            return self.learn_target * 3 * LEARN_PROBE * t * t * per_period
+        return self.learn_target * LEARN_CLIMB * per_period
 
     def _new_generation(self) -> None:
         self.generation += 1
@@ -86,6 +185,7 @@ class ReferenceLimiter:
 
         def grant(slot: int) -> tuple[int, int, int, int]:
             self.leases[lease] = now + ttl
+            self.grants += 1
             granted = max(self.offset(self.granted_tat, now), slot - now) + weight * interval
             self.granted_tat = self.at_offset(now, granted)
             return GRANTED, 0, slot, self.generation
@@ -151,5 +251,15 @@ class ReferenceLimiter:
                 self.wmax = before * (1 + self.config.decrease_factor) / 2 if below_peak else before
                 self.wstart = before * self.config.decrease_factor
                 self.decreased_at = now
+                if self.config.learn:
+                    self._learn(now, before)
             self._new_generation()
+        elif (
+            throttled
+            and self.config.adaptive
+            and self.config.learn
+            and (generation == self.learn_base_gen)
+        ):
+            # a 429 about the base interval's grants, sent while its throttle was in flight
+            self.learn_base_late += 1
         return accepted, self.generation, self.blocked_until, before, self.current_rate(now)

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
 from ratejobs.limiter import Limiter, LimiterConfig
+from ratejobs.limiter.core import GRANTED
+from tests.limiter.model import ModelConfig, ReferenceLimiter
+
+LEASE_TTL_US = 3_600_000_000  # no lease expires during a test
 
 
 def test_burst_of_429s_counts_as_one_decrease(make_limiter):
@@ -63,11 +68,68 @@ def test_without_adaptive_a_throttle_keeps_the_rate(make_limiter):
 
 
 def test_a_throttle_below_the_last_peak_lowers_the_target_of_the_climb(make_limiter):
-    # given a cut at 100/s, then another throttle while still at 70/s (below the last peak)
-    limiter = make_limiter(LimiterConfig(rate=100, burst=10, adaptive=True, recovery_seconds=0.3))
+    # given plain CUBIC (no learning): a cut at 100/s, then another throttle while still at
+    # 70/s (below the last peak)
+    config = LimiterConfig(rate=100, burst=10, adaptive=True, recovery_seconds=0.3, learn=False)
+    limiter = make_limiter(config)
     limiter.report_throttle(limiter.acquire())
     second = limiter.report_throttle(limiter.acquire())
     assert second.rate_after == pytest.approx(49, rel=1e-2)
     time.sleep(0.32)
     # expect: the climb levels out between the two peaks (70 * 0.85), not back at 100
     assert limiter.state().current_rate == pytest.approx(59.5, rel=2e-2)
+
+
+def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter):
+    # given grants taken at the limiter's pace between throttles, spans long enough to measure
+    # (prelude's "Learning the real limit"), every step mirrored by the reference model at
+    # Redis's own clock
+    config = LimiterConfig(rate=100, burst=1, adaptive=True)
+    limiter = make_limiter(config)
+    model = ReferenceLimiter()
+    model.configure(
+        ModelConfig(
+            rate=config.rate,
+            period=config.period,
+            burst=config.burst,
+            max_concurrency=config.max_concurrency,
+            adaptive=True,
+            min_rate=config.floor_rate,
+            decrease_factor=config.decrease_factor,
+            recovery_seconds=config.recovery_seconds,
+        ),
+        limiter.state().now_us,
+    )
+
+    def take_grants_for(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            lease, held, held_generation = uuid.uuid4().hex, -1, -1
+            while True:
+                args = [1, lease, LEASE_TTL_US, -1, held, held_generation, 0]
+                reply = limiter._scripts["acquire"](keys=limiter.keys, args=args)
+                code, wait, slot, generation, now, _ = (int(x) for x in reply)
+                expected = model.acquire(now, 1, lease, LEASE_TTL_US, -1, held, held_generation)
+                assert (code, wait, slot, generation) == expected
+                if code == GRANTED:
+                    break
+                held, held_generation = slot, generation
+                time.sleep(wait / 1_000_000)
+
+    def throttle() -> float:
+        keys = [limiter.config_key, limiter.state_key]
+        reply = limiter._scripts["feedback"](keys=keys, args=[-1, 0, 1])
+        accepted, _, _, before, after = model.feedback(int(reply[4]), -1, 0, True)
+        assert accepted and int(reply[1]) == 1
+        assert float(reply[5]) == pytest.approx(before, rel=1e-12)
+        assert float(reply[6]) == pytest.approx(after, rel=1e-12)
+        assert after <= before  # a throttle never raises the rate
+        return after
+
+    throttle()
+    for seconds in (0.15, 0.45, 0.3):
+        take_grants_for(seconds)
+        throttle()
+    # expect: the same rates after every throttle, and the same learned limit, measured
+    assert model.learned is not None
+    assert limiter.state().learned_rate == pytest.approx(model.learned, rel=1e-12)

@@ -9,17 +9,13 @@ import time
 import pytest
 
 from ratejobs.limiter import Limiter, LimiterConfig
-from tests.limiter.conftest import worst_window_excess
+from tests.limiter.conftest import take_in_processes, worst_window_excess
 from tests.limiter.workers import take_grants, take_grants_in_batches
 
 PROCESSES = 8
 # The least share of the rate a batch taker must reach (see the pace test's comment). A liveness
 # check, not a measure of pace: CI on a loaded 2-core machine saw 179/s of 200/s (0.897).
 BATCH_TAKER_FLOOR = 0.75
-
-
-def collect(results, processes: int, timeout: float = 60) -> list:
-    return [results.get(timeout=timeout) for _ in range(processes)]
 
 
 @pytest.mark.parametrize(
@@ -40,19 +36,9 @@ def test_grants_within_window_bound_across_processes(
     config = LimiterConfig(rate=rate, burst=burst)
     limiter = make_limiter(config)
     per_process = 30
-    barrier, results = spawn.Barrier(PROCESSES), spawn.Queue()
-    procs = [
-        spawn.Process(
-            target=taker,
-            args=(redis_url, limiter.name, per_process, weight, barrier, results),
-        )
-        for _ in range(PROCESSES)
-    ]
-    for p in procs:
-        p.start()
-    reports = collect(results, PROCESSES)
-    for p in procs:
-        p.join(10)
+    reports = take_in_processes(
+        spawn, taker, redis_url, limiter.name, per_process, weight, PROCESSES
+    )
     grants = [g for _, gs, _ in reports for g in gs]
     slots = [g[0] for g in grants]
     # expect: the bound over every window, no grant before its slot, and the configured pace
@@ -141,11 +127,12 @@ def test_a_holder_waking_a_whole_slot_late_queues_again(make_limiter):
     limiter.acquire()
     script = limiter._scripts["acquire"]
     args = [1, "late-holder", 60_000_000, -1]
-    code, _, slot, generation, _ = (int(x) for x in script(keys=limiter.keys, args=[*args, -1, -1]))
+    reply = script(keys=limiter.keys, args=[*args, -1, -1])
+    code, _, slot, generation, _, _ = (int(x) for x in reply)
     assert code == 1
     # when that caller only wakes 250 ms later (a paused process)
     time.sleep(0.25)
-    code, wait, new_slot, _, now = (
+    code, wait, new_slot, _, now, _ = (
         int(x) for x in script(keys=limiter.keys, args=[*args, slot, generation])
     )
     # expect: no grant at the stale slot, but a new place in the queue

@@ -28,6 +28,7 @@ configs = st.builds(
     adaptive=st.booleans(),
     min_rate=st.none(),
     recovery_seconds=st.sampled_from([0.05, 10.0]),
+    learn=st.booleans(),
 )
 
 
@@ -41,6 +42,7 @@ def model_config(config: LimiterConfig) -> ModelConfig:
         min_rate=config.floor_rate,
         decrease_factor=config.decrease_factor,
         recovery_seconds=config.recovery_seconds,
+        learn=config.learn,
     )
 
 
@@ -68,7 +70,7 @@ def test_scripts_agree_with_reference_model(machine_limiter):
                 keys=self.limiter.keys,
                 args=[weight, lease, LEASE_TTL_US, max_wait, held, held_gen],
             )
-            code, wait, slot, generation, now = (int(x) for x in reply)
+            code, wait, slot, generation, now, _ = (int(x) for x in reply)
             expected = self.model.acquire(
                 now, weight, lease, LEASE_TTL_US, max_wait, held, held_gen
             )
@@ -125,7 +127,7 @@ def test_scripts_agree_with_reference_model(machine_limiter):
                 keys=self.limiter.keys, args=[weight, count, prefix, LEASE_TTL_US, max_wait]
             )
             code, hint, generation, now = (int(x) for x in reply[:4])
-            slots = [int(x) for x in reply[4:]]
+            slots = [int(x) for x in reply[5:]]
             expected = self.model.acquire_many(now, weight, count, prefix, LEASE_TTL_US, max_wait)
             assert (code, hint, generation, slots) == expected
             self.generations_seen.append(generation)

@@ -42,14 +42,25 @@ def session() -> Iterator[requests.Session]:
     client.close()
 
 
-def worst_window_excess(times: Sequence[float], *, rate: float, period: float, burst: int) -> float:
-    """Largest (arrivals in [t_i, t_j]) - (burst + (t_j - t_i) * rate / period) over all pairs of
-    the sorted `times`; <= 0 when every window keeps the bound."""
+def worst_window_excess(
+    times: Sequence[float],
+    *,
+    rate: float,
+    period: float,
+    burst: int,
+    weights: Sequence[int] | None = None,
+) -> float:
+    """Largest (units in [t_i, t_j]) - (burst + (t_j - t_i) * rate / period) over all pairs of
+    the sorted `times`, each arrival one unit or its `weights` entry (tokens); <= 0 when every
+    window keeps the bound."""
+    units_of = [1] * len(times) if weights is None else weights
     worst = float("-inf")
     for i in range(len(times)):
+        units = 0
         for j in range(i, len(times)):
+            units += units_of[j]
             # widened, never narrowed, by each end's rounding (as tests/limiter's check does):
             # narrowed, an exactly conforming window read one rounding too short
             width = times[j] - times[i] + 2 * LOG_TIME_SLACK_S
-            worst = max(worst, (j - i + 1) - (burst + width * rate / period))
+            worst = max(worst, units - (burst + width * rate / period))
     return worst

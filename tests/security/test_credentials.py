@@ -217,3 +217,37 @@ def test_the_stored_credential_is_encrypted_and_never_in_a_response(
     assert encrypt_secret(CANARY) != stored.credential_encrypted  # Fernet: a fresh IV each time
     for person in (manager, superuser):
         assert CANARY not in client_for(person).get(f"/api/apis/{unique_name}/").content.decode()
+
+
+def test_a_customers_key_secret_is_encrypted_and_in_no_answer_row_or_error(
+    client_for, admin_client_for, manager, superuser, http_server, marker, make_api
+):
+    # given an API with a customer's key whose secret is the canary, and a job sent with it
+    api = make_api(base_url=http_server.base)
+    client = client_for(manager)
+    added = client.post(
+        f"/api/apis/{api.name}/credentials/", [{"key": "acme", "secret": CANARY}], format="json"
+    )
+    assert added.status_code == 201
+    job = job_create(owner=superuser, api=api, name="j", calls=[{"path": f"/ok/{marker}"}],
+                     credential_key="acme")  # fmt: skip
+    Call.objects.filter(job=job).update(dispatched_at=timezone.now())
+    assert call_execute(call_id=job.calls.get().pk) == "succeeded"
+    # expect: the API got it in its auth_header, and nothing we store or answer holds it
+    (seen,) = http_server.requests_with(marker)
+    assert seen.headers.get("Authorization") == CANARY
+    assert CANARY not in api.credentials.get().credential_encrypted
+    for row in Call.objects.filter(job=job).values():
+        assert CANARY not in repr(row)
+    root = client_for(superuser)
+    pages = [
+        client.get(f"/api/apis/{api.name}/credentials/"),
+        client.put(f"/api/apis/{api.name}/credentials/acme/", {"secret": CANARY}, format="json"),
+        root.get(f"/api/jobs/{job.pk}/"),
+        root.get(f"/api/jobs/{job.pk}/calls/"),
+        admin_client_for(superuser).get(f"/admin/ratejobs/api/{api.pk}/change/"),
+    ]
+    for page in pages:
+        assert page.status_code == 200 and CANARY not in page.content.decode()
+    results = root.get(f"/api/jobs/{job.pk}/results.jsonl")
+    assert CANARY not in b"".join(results.streaming_content).decode()

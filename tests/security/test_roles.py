@@ -20,6 +20,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from ratejobs.models import Api, Call, Job, ThrottleEvent
+from ratejobs.services.credentials import credentials_add
 from ratejobs.services.jobs import job_cancel, job_create
 
 ROLES = ("anonymous", "user", "staff", "manager", "superuser")
@@ -40,6 +41,15 @@ REST = [
     Route("api:api-list", "POST", "/api/apis/", (401, 403, 403, 201, 201), "new_api"),
     Route("api:api-detail", "GET", "/api/apis/{api}/", (401, 200, 200, 200, 200)),
     Route("api:api-detail", "PATCH", "/api/apis/{api}/", (401, 403, 403, 200, 200), "rate"),
+    # customers' credentials are the API's, like its own: managers only, reading included
+    Route("api:api-credentials", "GET", "/api/apis/{api}/credentials/",
+          (401, 403, 403, 200, 200)),
+    Route("api:api-credentials", "POST", "/api/apis/{api}/credentials/",
+          (401, 403, 403, 201, 201), "new_credential"),
+    Route("api:api-credential-detail", "PUT", "/api/apis/{api}/credentials/{key}/",
+          (401, 403, 403, 200, 200), "secret"),
+    Route("api:api-credential-detail", "DELETE", "/api/apis/{api}/credentials/no-such-key/",
+          (401, 403, 403, 404, 404)),
     Route("api:job-list", "GET", "/api/jobs/", (401, 200, 200, 200, 200)),
     Route("api:job-list", "POST", "/api/jobs/", (401, 201, 201, 201, 201), "new_job"),
     Route("api:job-upload", "POST", "/api/jobs/upload/?api={api}&name=up",
@@ -60,6 +70,9 @@ REST = [
     Route("api:job-cancel", "POST", "/api/jobs/{job}/cancel/", (401, 404, 404, 404, 200)),
     Route("api:job-retry-failed", "POST", "/api/jobs/{job}/retry-failed/",
           (401, 404, 404, 404, 409)),
+    # a signing key is always one's own: nobody reaches another's
+    Route("api:signing-key", "GET", "/api/signing-key/", (401, 200, 200, 200, 200)),
+    Route("api:signing-key", "POST", "/api/signing-key/", (401, 201, 201, 201, 201)),
     # The API's description is public, as any published API's documentation is.
     Route("api:schema", "GET", "/api/schema/", (200, 200, 200, 200, 200)),
     Route("api:docs", "GET", "/api/docs/", (200, 200, 200, 200, 200)),
@@ -84,6 +97,10 @@ ADMIN = [
           ("login", "login", 403, 302, 302)),
     Route("admin:ratejobs_api_block", "POST", f"{_A}/{{api_id}}/block/",
           ("login", "login", 403, 302, 302), "block"),
+    Route("admin:ratejobs_api_credential_save", "POST", f"{_A}/{{api_id}}/credentials/",
+          ("login", "login", 403, 302, 302), "credential_form"),
+    Route("admin:ratejobs_api_credential_delete", "POST", f"{_A}/{{api_id}}/credentials/delete/",
+          ("login", "login", 403, 302, 302), "credential_form"),
     Route("admin:ratejobs_api_history", "GET", f"{_A}/{{api_id}}/history/",
           ("login", "login", 200, 200, 200)),
     Route("admin:ratejobs_api_delete", "GET", f"{_A}/{{api_id}}/delete/",
@@ -126,6 +143,12 @@ ADMIN = [
           ("login", "login", "gone", "gone", 200)),
     Route("admin:ratejobs_call_delete", "GET", f"{_C}/{{call}}/delete/",
           ("login", "login", 403, 403, 200)),
+    Route("admin:ratejobs_signingkey_changelist", "GET", "/admin/ratejobs/signingkey/",
+          ("login", "login", 200, 200, 200)),
+    Route("admin:ratejobs_signingkey_rotate", "GET", "/admin/ratejobs/signingkey/rotate/",
+          ("login", "login", 200, 200, 200)),
+    Route("admin:ratejobs_signingkey_rotate", "POST", "/admin/ratejobs/signingkey/rotate/",
+          ("login", "login", 200, 200, 200)),
     Route("admin:ratejobs_throttleevent_changelist", "GET", f"{_E}/",
           ("login", "login", 200, 200, 200)),
     Route("admin:ratejobs_throttleevent_add", "GET", f"{_E}/add/",
@@ -153,10 +176,11 @@ def world(make_api, other_user: Any, unique_name: str) -> dict[str, Any]:
     )
     call = Call.objects.filter(job=job).first()
     Call.objects.filter(pk=call.pk).update(response_body=b"their private response")
+    credentials_add(api=api, items=[("acme", "secret-of-the-api-key")])
     event = ThrottleEvent.objects.create(api=api, job=job, call=call, kind="throttled")
     return {"api": api.name, "api_id": api.pk, "job": job.pk, "call": call.pk,
             "event": event.pk, "unique": unique_name, "api_obj": api,
-            "done_job": done_job.pk}  # fmt: skip
+            "done_job": done_job.pk, "key": "acme"}  # fmt: skip
 
 
 def payload(name: str, world: dict[str, Any], role: str) -> dict[str, Any]:
@@ -173,6 +197,12 @@ def payload(name: str, world: dict[str, Any], role: str) -> dict[str, Any]:
                 "auth_header": "Authorization", "credential_env": ""}  # fmt: skip
     if name == "block":
         return {"seconds": "0.5"}
+    if name == "new_credential":
+        return {"key": f"k-{role}", "secret": "secret-of-the-api-key"}
+    if name == "secret":
+        return {"secret": "secret-of-the-api-key"}
+    if name == "credential_form":
+        return {"key": f"k-{role}", "secret": "secret-of-the-api-key"}
     if name == "job_form":
         return {"api": world["api_id"], "name": f"mine-{role}", "priority": 1, "method": "GET",
                 "path_template": "/u/{id}", "values": "1\n2"}  # fmt: skip

@@ -6,6 +6,7 @@ KEYS[1] config hash
 KEYS[2] state hash
 KEYS[3] leases sorted set (lease id -> expiry, µs)
 KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
+KEYS[5] headroom history of the cost windows (prelude's record_headroom), for settle.lua
 ARGV[1] weight: units this call costs, 1 <= weight <= burst
 ARGV[2] lease id, a random token chosen by the caller
 ARGV[3] lease time-to-live in µs; a lease expires this long after its slot, so a killed
@@ -14,8 +15,9 @@ ARGV[4] longest acceptable wait in µs, -1 for no limit
 ARGV[5] slot of the reservation being confirmed in µs, -1 when asking anew
 ARGV[6] generation of that reservation, -1 when asking anew
 ARGV[7] the caller's config version (configure.lua's ARGV[9]), 0 when unversioned
+ARGV[8] cost: units this call takes from each "cost" window (tokens), >= 0; absent means 0
 
-Returns {code, wait_us, slot_us, generation, now_us}
+Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
   0 GRANTED         send now; slot_us is the granted slot (<= now_us)
   1 WAIT            a slot is reserved at slot_us; sleep wait_us, then call again passing slot
                     and generation to confirm it right before sending (blocks and rate cuts
@@ -25,17 +27,21 @@ Returns {code, wait_us, slot_us, generation, now_us}
   3 AT_CAPACITY     max_concurrency leases are out; the earliest expires in wait_us
   4 NOT_CONFIGURED  there is no config hash, or it is older than the caller's version; nothing
                     changed
+  cost_seq is the new reservation's number in the cost windows' history (pass it to
+  settle.lua), -1 when no reservation was made now or the request takes nothing from them
 Counts grants, new reservations (waits, with their wait), TOO_LONG and AT_CAPACITY answers in
 the state hash (prelude's COUNTERS).
 ]]
 
 local cfg = load_config(KEYS[1])
 if not cfg or config_outdated(cfg, ARGV[7]) then
-  return {4, 0, 0, 0, 0}
+  return {4, 0, 0, 0, 0, -1}
 end
 local weight = tonumber(ARGV[1])
-if weight > cfg.burst then
-  return redis.error_reply('weight ' .. ARGV[1] .. ' exceeds burst ' .. cfg.burst)
+local cost = tonumber(ARGV[8]) or 0
+local refused = too_big(cfg, weight, cost)
+if refused then
+  return redis.error_reply(refused)
 end
 local lease_id = ARGV[2]
 local ttl = tonumber(ARGV[3])
@@ -44,34 +50,39 @@ local held_slot = tonumber(ARGV[5])
 local held_generation = tonumber(ARGV[6])
 local now = now_us()
 local st = load_state(KEYS[2], now)
+load_windows(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
 
 if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
   if now >= held_slot then
-    grant_slot(KEYS, st, now, lease_id, ttl, held_slot, weight, interval)
+    grant_slot(KEYS, cfg, st, now, lease_id, ttl, held_slot, weight, interval, cost)
     store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
-    return {0, 0, held_slot, st.generation, now}
+    store_windows(KEYS[2], st, now)
+    return {0, 0, held_slot, st.generation, now, -1}
   end
-  return {1, held_slot - now, held_slot, st.generation, now}
+  return {1, held_slot - now, held_slot, st.generation, now, -1}
 end
 
-local wait = next_slot_offset(cfg, st, now, weight, interval)
+local wait = next_slot_offset(cfg, st, now, weight, interval, cost)
 local slot = now + wait
 if max_wait >= 0 and wait > max_wait then
   wake_waiters(cfg, KEYS[4], redis.call('ZREM', KEYS[3], lease_id))
   count(KEYS[2], 'too_long')
-  return {2, wait, slot, st.generation, now}
+  return {2, wait, slot, st.generation, now, -1}
 end
 
 if not redis.call('ZSCORE', KEYS[3], lease_id) and free_leases(cfg, KEYS[3], now) <= 0 then
   count(KEYS[2], 'at_capacity')
-  return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now}
+  return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now, -1}
 end
 
-reserve_slot(KEYS, st, now, lease_id, ttl, wait, weight, interval)
+local seq_before = st.cost_seq
+reserve_slot(KEYS, cfg, st, now, lease_id, ttl, wait, weight, interval, cost)
 store_time(KEYS[2], 'tat', now, st.tat)
+store_windows(KEYS[2], st, now)
+local seq = st.cost_seq ~= seq_before and st.cost_seq or -1
 if wait == 0 then
   store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
-  return {0, 0, slot, st.generation, now}
+  return {0, 0, slot, st.generation, now, seq}
 end
-return {1, wait, slot, st.generation, now}
+return {1, wait, slot, st.generation, now, seq}

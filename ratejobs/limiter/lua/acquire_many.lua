@@ -9,6 +9,7 @@ KEYS[1] config hash
 KEYS[2] state hash
 KEYS[3] leases sorted set (lease id -> expiry, µs)
 KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
+KEYS[5] headroom history of the cost windows (prelude's record_headroom), for settle.lua
 ARGV[1] weight of each request, 1 <= weight <= burst
 ARGV[2] count: slots wanted, >= 1
 ARGV[3] lease id prefix, a random token chosen by the caller; slot i's lease is
@@ -16,8 +17,12 @@ ARGV[3] lease id prefix, a random token chosen by the caller; slot i's lease is
 ARGV[4] lease time-to-live in µs, from the slot, as in acquire.lua
 ARGV[5] longest acceptable wait in µs, -1 for no limit: no slot further away is reserved
 ARGV[6] the caller's config version (configure.lua's ARGV[9]), 0 when unversioned
+ARGV[7] the costs of the slots in "cost" windows, comma-separated (slot i's is the i-th), ""
+        or absent when every slot costs 0
 
-Returns {code, hint_us, generation, now_us, slot_1, ..., slot_n}, n <= count, slots ascending
+Returns {code, hint_us, generation, now_us, cost_seqs, slot_1, ..., slot_n}, n <= count, slots
+ascending; cost_seqs is "seq_1,...,seq_n", each slot's number in the cost windows' history
+(-1 for a slot that takes nothing from them), to pass to settle.lua
   code 0          all `count` slots reserved; hint_us is 0
        2 TOO_LONG the next slot is hint_us away, more than ARGV[5]; the n before it are held
        3 AT_CAPACITY  max_concurrency leases are out; the earliest expires in hint_us
@@ -31,11 +36,18 @@ Counts grants, waits, and one TOO_LONG or AT_CAPACITY answer when it stopped ear
 
 local cfg = load_config(KEYS[1])
 if not cfg or config_outdated(cfg, ARGV[6]) then
-  return {4, 0, 0, 0}
+  return {4, 0, 0, 0, ''}
 end
 local weight = tonumber(ARGV[1])
-if weight > cfg.burst then
-  return redis.error_reply('weight ' .. ARGV[1] .. ' exceeds burst ' .. cfg.burst)
+local costs = {}
+for c in string.gmatch(ARGV[7] or '', '[^,]+') do
+  costs[#costs + 1] = tonumber(c)
+end
+for i = 1, math.max(1, #costs) do
+  local refused = too_big(cfg, weight, costs[i] or 0)
+  if refused then
+    return redis.error_reply(refused)
+  end
 end
 local wanted = tonumber(ARGV[2])
 local prefix = ARGV[3]
@@ -43,15 +55,18 @@ local ttl = tonumber(ARGV[4])
 local max_wait = tonumber(ARGV[5])
 local now = now_us()
 local st = load_state(KEYS[2], now)
+load_windows(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
 local room = free_leases(cfg, KEYS[3], now)
 
-local reply = {0, 0, st.generation, now}
+local reply = {0, 0, st.generation, now, ''}
+local seqs = {}
 local granted = false
 -- The checks in acquire.lua's order, so slot i gets the answer the i-th of `count` acquire.lua
 -- calls would get.
 for i = 1, wanted do
-  local wait = next_slot_offset(cfg, st, now, weight, interval)
+  local cost = costs[i] or 0
+  local wait = next_slot_offset(cfg, st, now, weight, interval, cost)
   if max_wait >= 0 and wait > max_wait then
     reply[1], reply[2] = 2, wait
     count(KEYS[2], 'too_long')
@@ -62,13 +77,17 @@ for i = 1, wanted do
     count(KEYS[2], 'at_capacity')
     break
   end
-  reserve_slot(KEYS, st, now, prefix .. ':' .. i, ttl, wait, weight, interval)
+  local seq_before = st.cost_seq
+  reserve_slot(KEYS, cfg, st, now, prefix .. ':' .. i, ttl, wait, weight, interval, cost)
+  seqs[#seqs + 1] = st.cost_seq ~= seq_before and st.cost_seq or -1
   granted = granted or wait == 0
   reply[#reply + 1] = now + wait
 end
 
-if #reply > 4 then
+reply[5] = table.concat(seqs, ',')
+if #reply > 5 then
   store_time(KEYS[2], 'tat', now, st.tat)
+  store_windows(KEYS[2], st, now)
 end
 if granted then
   store_time(KEYS[2], 'granted_tat', now, st.granted_tat)

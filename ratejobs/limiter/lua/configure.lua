@@ -9,6 +9,11 @@ KEYS[2] state hash
 ARGV[1..8] rate, period, burst, max_concurrency, adaptive (0/1), min_rate, decrease_factor,
            recovery_seconds
 ARGV[9]    version of these limits at their source of truth, 0 when unversioned
+ARGV[10]   windows, "rate,period,burst,unit;..." ("" for none); a window that changed keeps
+           what it is owed in units (converted as the main rate's is), one that is gone is
+           forgotten; windows are matched by position
+ARGV[11]   1 when the adaptive rate learns the real limit (prelude's "Learning the real limit"),
+           0 for plain CUBIC
 
 A configuration older than the stored one (a lower version) is not written: a worker that read
 the limits before an operator changed them must not put the old ones back.
@@ -18,7 +23,7 @@ stored one and was written; outdated is 1 when ARGV[9] was older than the stored
 ]]
 
 local fields = {'rate', 'period', 'burst', 'max_concurrency', 'adaptive', 'min_rate',
-  'decrease_factor', 'recovery_seconds', 'version'}
+  'decrease_factor', 'recovery_seconds', 'version', 'windows', 'learn'}
 local stored = redis.call('HMGET', KEYS[1], unpack(fields))
 if (tonumber(stored[9]) or 0) > tonumber(ARGV[9]) then
   local now = now_us()
@@ -42,11 +47,30 @@ end
 if changed == 1 then
   local old = load_config(KEYS[1])
   redis.call('HSET', KEYS[1], unpack(pairs_to_set))
+  local new = load_config(KEYS[1])
   if old and st.granted_tat > 0 then
-    local new = load_config(KEYS[1])
     st.granted_tat = st.granted_tat * interval_us(new, current_rate(new, st, now))
       / interval_us(old, current_rate(old, st, now))
     store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
+  end
+  if old then
+    load_windows(KEYS[2], old, st, now)
+    local kept = {}
+    for i, win in ipairs(new.windows) do
+      local was = old.windows[i]
+      local owed = 0
+      if was and was.unit == win.unit then
+        owed = math.max(st.w[i].granted, 0) * win.interval / was.interval
+      end
+      kept[i] = {tat = owed, granted = owed}
+    end
+    for i = #new.windows + 1, #old.windows do
+      local p = 'w' .. i .. '_'
+      redis.call('HDEL', KEYS[2], p .. 'tat_us', p .. 'tat_frac', p .. 'granted_tat_us',
+        p .. 'granted_tat_frac', p .. 'generation')
+    end
+    st.w = kept
+    store_windows(KEYS[2], st, now)
   end
   new_generation(KEYS[2], st, now)
 end

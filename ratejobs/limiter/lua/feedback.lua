@@ -14,7 +14,10 @@ Returns {code, accepted, generation, blocked_until_us, now_us, rate_before, rate
   when adaptive, cut the rate. A throttle for a grant of an older generation is ignored, so the
   many 429s of one burst count as one decrease. Rates are strings (requests per period).
 Counts blocks, throttles and adaptive decreases in the state hash (prelude's COUNTERS). The
-work is prelude's apply_feedback, shared with feedback_many.lua.
+work is prelude's apply_feedback, shared with feedback_many.lua. With learning (the config's
+learn), an accepted throttle is also a measurement of the API's real limit: the grants it
+accepted since sending resumed after the previous accepted throttle (prelude's "Learning the
+real limit"); the rate after it holds just under the learned limit instead of CUBIC's cut.
 ]]
 
 local cfg = load_config(KEYS[1])

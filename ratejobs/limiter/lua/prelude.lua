@@ -20,8 +20,28 @@ State hash fields:
                  from an older generation is ignored (one decrease per burst)
   wmax, wstart, decreased_at   adaptive rate: the rate the climb after the last decrease
                  heads for, the rate it started from, and when it started
+  learned, learn_sure   the real limit learned from throttles (requests per period) and
+                 whether it was measured over enough grants to hold under it (see "Learning the
+                 real limit" below); absent until measured
+  learn_target, learn_from, learn_grants   the learning rate since the last accepted throttle
+                 starts at learn_target from learn_from (when sending resumed after its block);
+                 n_grants was learn_grants then
+  learn_base_us, learn_base_grants   the shortest interval measured (resume to throttle) and the
+                 grants the server accepted in it: mostly its burst, subtracted from the others
+  learn_base_gen, learn_base_late   the generation of that interval's grants, and how many of
+                 them were reported 429 after its throttle (sent while it was in flight)
   n_<event>      running counts for metrics (COUNTERS below), kept here so that every worker
                  on every machine adds to one total without an extra round trip
+  w<i>_tat_us/_frac, w<i>_granted_tat_us/_frac, w<i>_generation
+                 the same schedules for window i of the config's `windows` (1-based): every
+                 grant must also conform to each window. A window's reservations belong to the
+                 generation in w<i>_generation; read under a newer one, its tat restarts from
+                 its granted tat, as the main schedule's does in new_generation.
+
+Windows: besides rate per period, the config may list windows "rate,period,burst,unit;...".
+A request takes `weight` units of each "requests" window and its `cost` units of each "cost"
+window (tokens); a window it takes nothing from does not hold it back. The adaptive rate and
+the generations are the main rate's; blocks stop every window.
 ]]
 
 -- Redis < 5 replicates scripts verbatim, which TIME makes non-deterministic; later versions
@@ -35,13 +55,26 @@ local function now_us()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
+-- The config's windows ("rate,period,burst,unit;..."), each with its interval in µs per unit.
+local function parse_windows(spec)
+  local windows = {}
+  for rate, period, burst, unit in string.gmatch(spec or '', '([^,;]+),([^,;]+),([^,;]+),([^,;]+)') do
+    local w = {rate = tonumber(rate), period = tonumber(period), burst = tonumber(burst),
+      unit = unit, cost = unit == 'cost'}
+    w.interval = w.period * 1000000 / w.rate
+    windows[#windows + 1] = w
+  end
+  return windows
+end
+
 local function load_config(key)
   local v = redis.call('HMGET', key, 'rate', 'period', 'burst', 'max_concurrency', 'adaptive',
-    'min_rate', 'decrease_factor', 'recovery_seconds', 'version')
+    'min_rate', 'decrease_factor', 'recovery_seconds', 'version', 'windows', 'learn')
   if not v[1] then
     return nil
   end
   return {
+    windows = parse_windows(v[10]),
     rate = tonumber(v[1]),
     period = tonumber(v[2]),
     burst = tonumber(v[3]),
@@ -51,6 +84,7 @@ local function load_config(key)
     decrease_factor = tonumber(v[7]),
     recovery_seconds = tonumber(v[8]),
     version = tonumber(v[9]) or 0,
+    learn = v[11] ~= '0',
   }
 end
 
@@ -65,7 +99,9 @@ end
 -- store_times turns them back into whole microseconds plus a fraction.
 local function load_state(key, now)
   local v = redis.call('HMGET', key, 'tat_us', 'tat_frac', 'granted_tat_us', 'granted_tat_frac',
-    'blocked_until', 'generation', 'wmax', 'wstart', 'decreased_at')
+    'blocked_until', 'generation', 'wmax', 'wstart', 'decreased_at', 'learned', 'learn_sure',
+    'learn_target', 'learn_from', 'learn_grants', 'learn_base_us', 'learn_base_grants',
+    'learn_base_gen', 'learn_base_late')
   return {
     tat = ((tonumber(v[1]) or 0) - now) + (tonumber(v[2]) or 0),
     granted_tat = ((tonumber(v[3]) or 0) - now) + (tonumber(v[4]) or 0),
@@ -74,6 +110,15 @@ local function load_state(key, now)
     wmax = tonumber(v[7]),
     wstart = tonumber(v[8]),
     decreased_at = tonumber(v[9]),
+    learned = tonumber(v[10]),
+    learn_sure = v[11] == '1',
+    learn_target = tonumber(v[12]),
+    learn_from = tonumber(v[13]),
+    learn_grants = tonumber(v[14]),
+    learn_base_us = tonumber(v[15]),
+    learn_base_grants = tonumber(v[16]),
+    learn_base_gen = tonumber(v[17]),
+    learn_base_late = tonumber(v[18]) or 0,
   }
 end
 
@@ -82,17 +127,161 @@ local function store_time(key, name, now, offset)
   redis.call('HSET', key, name .. '_us', now + whole, name .. '_frac', offset - whole)
 end
 
--- The adaptive rate follows CUBIC (as AWS's adaptive retry mode does): right after a decrease it
--- is wstart (decrease_factor times the rate before), it climbs back to wmax in
--- recovery_seconds, then probes above it, always within [min_rate, rate].
+-- Each window's schedule as offsets from now, into st.w (call after load_state).
+local function load_windows(key, cfg, st, now)
+  st.w = {}
+  for i = 1, #cfg.windows do
+    local p = 'w' .. i .. '_'
+    local v = redis.call('HMGET', key, p .. 'tat_us', p .. 'tat_frac', p .. 'granted_tat_us',
+      p .. 'granted_tat_frac', p .. 'generation')
+    local granted = ((tonumber(v[3]) or now) - now) + (tonumber(v[4]) or 0)
+    local tat = ((tonumber(v[1]) or now) - now) + (tonumber(v[2]) or 0)
+    if tonumber(v[5]) ~= st.generation then
+      tat = granted
+    end
+    st.w[i] = {tat = tat, granted = granted}
+  end
+  st.cost_seq = tonumber(redis.call('HGET', key, 'cost_seq')) or 0
+end
+
+local function store_windows(key, st, now)
+  local fields = {}
+  for i, w in ipairs(st.w) do
+    local p = 'w' .. i .. '_'
+    for name, offset in pairs({tat = w.tat, granted_tat = w.granted}) do
+      local whole = math.floor(offset)
+      fields[#fields + 1] = p .. name .. '_us'
+      fields[#fields + 1] = now + whole
+      fields[#fields + 1] = p .. name .. '_frac'
+      fields[#fields + 1] = offset - whole
+    end
+    fields[#fields + 1] = p .. 'generation'
+    fields[#fields + 1] = st.generation
+  end
+  if #fields > 0 then
+    fields[#fields + 1] = 'cost_seq'
+    fields[#fields + 1] = st.cost_seq
+    redis.call('HSET', key, unpack(fields))
+  end
+end
+
+-- Refunds (settle.lua) need, for each cost window, the headroom every later reservation had:
+-- how far the window's schedule was past that reservation's slot. The API counted the call at
+-- its real cost from the start, so its schedule ran ahead of ours by the refund only until a
+-- reservation with less headroom than that: there the API's bucket was full, the difference
+-- was gone, and giving it back now would let through more than the burst. The history keeps
+-- the last HEADROOM_KEPT entries (member "<window>:<seq>:<headroom µs>", score seq).
+local HEADROOM_KEPT = 4096
+
+local function record_headroom(heads_key, st, i, headroom)
+  redis.call('ZADD', heads_key, st.cost_seq, i .. ':' .. st.cost_seq .. ':' .. headroom)
+end
+
+-- Units a request takes from window `win`: its weight, or its cost in a cost window.
+local function window_units(win, weight, cost)
+  if win.cost then
+    return cost or 0
+  end
+  return weight
+end
+
+-- Learning the real limit (adaptive with cfg.learn, the default). Against an API that enforces
+-- less than it advertises, CUBIC saws around the real limit (cut to 0.7, climb back, overshoot:
+-- about 0.85 of it on average). Learning measures the limit at each accepted throttle instead and
+-- holds just under it.
+--
+-- The measurement: sending resumes after a throttle's block with the server's bucket full
+-- again; from then (learn_from) to the next accepted throttle the server accepted every grant
+-- but the throttled one. A GCRA server of real rate R and burst b accepts b + R * span while we
+-- push above R, so two such intervals give R as the slope (grants - base grants) /
+-- (span - base span), the base being the shortest interval seen (mostly the server's burst).
+-- That holds when the interval started above R (the slope comes out at or below the rate
+-- sending resumed at). When it started below R and climbed past it, the throttle came once the
+-- climb's excess over R used up the burst b (estimated from the base): R = rate_before -
+-- sqrt(2 * b * slope of the climb). An interval in which the workers sent less than LEARN_BUSY
+-- of what the rate allowed (idle, or held back by something else) says nothing about the server
+-- and is skipped.
+--
+-- The rate after an accepted throttle starts at learn_target from learn_from:
+--   nothing learned yet: decrease_factor times the rate before, climbing by LEARN_CLIMB times
+--     it per recovery_seconds (discovery, like CUBIC's cuts);
+--   a rough estimate (fewer than LEARN_PRECISE_GRANTS grants between the two intervals): the
+--     estimate, climbing the same way, so that the next throttle measures over a longer span;
+--   learned: LEARN_HOLD times it, creeping up by LEARN_PROBE * (t / recovery_seconds)^3, so a
+--     raised limit is found while a steady one is crossed only after about two recovery periods
+--     (a throttle reached so, below the rate it came at, keeps the learned limit unless the
+--     estimate is higher).
+-- A throttle never raises the rate; decrease_factor's cut and the one-decrease-per-burst rule
+-- (generations) apply as with CUBIC; CUBIC's fields are kept up to date too, so turning learn off
+-- falls back to CUBIC from the last cut.
+-- Measured limits are within 1-2 % of the real one (bench/adaptive.py); holding 2 % under it
+-- leaves no 429s until the probe crosses it.
+local LEARN_HOLD = 0.98
+-- While finding the limit the rate climbs by twice where it started per recovery period (10 %/s
+-- at the default 20 s): a limit 20-30 % above is met within a few seconds, and the overshoot
+-- the estimate subtracts (sqrt(2 * b * slope)) stays a few per cent.
+local LEARN_CLIMB = 2.0
+-- A steady limit held at LEARN_HOLD is crossed after (0.02 / LEARN_PROBE)^(1/3) ~ 2.2 recovery
+-- periods: one throttle (and its block, a second or more) every ~45 s at the default 20 s, ~2 %.
+local LEARN_PROBE = 0.002
+-- Grants the slope is measured over before it counts as learned: a count is off by one or two
+-- (429s in flight), 2-4 % of 50.
+local LEARN_PRECISE_GRANTS = 50
+-- Intervals closer in length than this give a slope of mostly counting noise.
+local LEARN_MIN_SPAN_US = 100000
+-- An interval counts when the workers took at least this share of the grants the rate allowed:
+-- they kept pushing, so the server's answers measure the server, not an idle job.
+local LEARN_BUSY = 0.9
+
+-- The learning rate t µs after learn_from, and its slope (requests per period, per period).
+local function learning_rate(cfg, st, now)
+  local t = math.max(0, now - st.learn_from) / (cfg.recovery_seconds * 1000000)
+  if st.learn_sure then
+    return st.learn_target * (1 + LEARN_PROBE * t * t * t)
+  end
+  return st.learn_target * (1 + LEARN_CLIMB * t)
+end
+
+local function learning_slope(cfg, st, now)
+  local t = math.max(0, now - st.learn_from) / (cfg.recovery_seconds * 1000000)
+  local per_period = cfg.period / cfg.recovery_seconds
+  if st.learn_sure then
+    return st.learn_target * 3 * LEARN_PROBE * t * t * per_period
+  end
+  return st.learn_target * LEARN_CLIMB * per_period
+end
+
+-- Grants the learning rate allowed in the `span` µs after learn_from (its integral).
+local function learning_allowance(cfg, st, span)
+  local k = cfg.recovery_seconds
+  local t = span / 1000000
+  local units
+  if st.learn_sure then
+    units = t + LEARN_PROBE * t * t * t * t / (4 * k * k * k)
+  else
+    units = t + LEARN_CLIMB * t * t / (2 * k)
+  end
+  return math.min(st.learn_target * units, cfg.rate * t) / cfg.period
+end
+
+-- The adaptive rate: learning's (above) when it has started, else CUBIC (as AWS's adaptive
+-- retry mode): right after a decrease it is wstart (decrease_factor times the rate before), it
+-- climbs back to wmax in recovery_seconds, then probes above it. Always within [min_rate, rate].
 local function current_rate(cfg, st, now)
-  if not cfg.adaptive or not st.wmax or not st.decreased_at then
+  if not cfg.adaptive then
     return cfg.rate
   end
-  local k = cfg.recovery_seconds
-  local scale = (st.wmax - (st.wstart or st.wmax * cfg.decrease_factor)) / (k * k * k)
-  local d = (now - st.decreased_at) / 1000000 - k
-  local r = st.wmax + scale * d * d * d
+  local r
+  if cfg.learn and st.learn_target and st.learn_from then
+    r = learning_rate(cfg, st, now)
+  elseif st.wmax and st.decreased_at then
+    local k = cfg.recovery_seconds
+    local scale = (st.wmax - (st.wstart or st.wmax * cfg.decrease_factor)) / (k * k * k)
+    local d = (now - st.decreased_at) / 1000000 - k
+    r = st.wmax + scale * d * d * d
+  else
+    return cfg.rate
+  end
   return math.max(cfg.min_rate, math.min(cfg.rate, r))
 end
 
@@ -120,8 +309,30 @@ end
 -- GCRA with reservation: the earliest slot at which `weight` more units conform, as an offset
 -- from now. Rounded up to a whole microsecond so that a slot survives the trip to the caller
 -- and back exactly.
-local function next_slot_offset(cfg, st, now, weight, interval)
-  return math.ceil(math.max(0, st.blocked_until - now, st.tat - (cfg.burst - weight) * interval))
+local function next_slot_offset(cfg, st, now, weight, interval, cost)
+  local offset = math.max(0, st.blocked_until - now, st.tat - (cfg.burst - weight) * interval)
+  for i, win in ipairs(cfg.windows) do
+    local units = window_units(win, weight, cost)
+    if units > 0 then
+      offset = math.max(offset, st.w[i].tat - (win.burst - units) * win.interval)
+    end
+  end
+  return math.ceil(offset)
+end
+
+-- Why a request of `weight` and `cost` can never be granted (more than some burst), or nil.
+local function too_big(cfg, weight, cost)
+  if weight > cfg.burst then
+    return 'weight ' .. weight .. ' exceeds burst ' .. cfg.burst
+  end
+  for _, win in ipairs(cfg.windows) do
+    local units = window_units(win, weight, cost)
+    if units > win.burst then
+      return (win.cost and 'cost ' or 'weight ') .. units .. ' exceeds the burst ' .. win.burst
+        .. ' of window ' .. win.rate .. '/' .. win.period .. 's'
+    end
+  end
+  return nil
 end
 
 
@@ -143,18 +354,41 @@ local function reservation_holds(st, now, held_slot, held_generation, weight, in
 end
 
 -- Send now at `slot` (<= now): the lease runs from now, and the granted schedule moves past it.
-local function grant_slot(keys, st, now, lease_id, ttl, slot, weight, interval)
+local function grant_slot(keys, cfg, st, now, lease_id, ttl, slot, weight, interval, cost)
   redis.call('ZADD', keys[3], now + ttl, lease_id)
   st.granted_tat = math.max(st.granted_tat, slot - now) + weight * interval
+  for i, win in ipairs(cfg.windows) do
+    local units = window_units(win, weight, cost)
+    if units > 0 then
+      st.w[i].granted = math.max(st.w[i].granted, slot - now) + units * win.interval
+    end
+  end
   count(keys[2], 'grants')
 end
 
 -- Take the slot `wait` from now (next_slot_offset's answer) with its lease: granted at once when
 -- wait is 0, else held until its holder confirms it; the lease of a held slot runs from the slot.
-local function reserve_slot(keys, st, now, lease_id, ttl, wait, weight, interval)
+local function reserve_slot(keys, cfg, st, now, lease_id, ttl, wait, weight, interval, cost)
   st.tat = math.max(st.tat, wait) + weight * interval
+  local costed = false
+  for i, win in ipairs(cfg.windows) do
+    local units = window_units(win, weight, cost)
+    if units > 0 then
+      if win.cost then
+        if not costed then
+          st.cost_seq = st.cost_seq + 1
+          costed = true
+        end
+        record_headroom(keys[5], st, i, math.floor(math.max(0, st.w[i].tat - wait)))
+      end
+      st.w[i].tat = math.max(st.w[i].tat, wait) + units * win.interval
+    end
+  end
+  if costed then
+    redis.call('ZREMRANGEBYRANK', keys[5], 0, -HEADROOM_KEPT - 1)
+  end
   if wait == 0 then
-    grant_slot(keys, st, now, lease_id, ttl, now, weight, interval)
+    grant_slot(keys, cfg, st, now, lease_id, ttl, now, weight, interval, cost)
     return
   end
   redis.call('ZADD', keys[3], now + wait + ttl, lease_id)
@@ -191,6 +425,71 @@ local function wake_waiters(cfg, released_key, n)
   redis.call('LTRIM', released_key, 0, cfg.max_concurrency - 1)
 end
 
+-- An accepted throttle as a measurement of the real limit (see "Learning the real limit" above):
+-- update the estimate, then start the next phase at learn_target from when sending resumes.
+local function learn_from_throttle(keys, cfg, st, now, rate_before)
+  local grants = tonumber(redis.call('HGET', keys[2], 'n_grants')) or 0
+  local span = now - (st.learn_from or now)
+  if st.learn_target and span > 0 then
+    local accepted = grants - st.learn_grants - 1
+    if accepted >= LEARN_BUSY * learning_allowance(cfg, st, span) then
+      local period_us = cfg.period * 1000000
+      local base_us, base = st.learn_base_us, st.learn_base_grants
+      if base_us and span - base_us >= LEARN_MIN_SPAN_US and accepted > base then
+        local slope = (accepted - base) * period_us / (span - base_us)
+        local resumed_at = math.max(cfg.min_rate, math.min(cfg.rate, st.learn_target))
+        if slope <= resumed_at then
+          -- One measurement cuts no deeper than CUBIC would: a 429 for another reason (another
+          -- limit, an outage) makes a line of any slope, and the climb finds the limit again.
+          local floor = rate_before * cfg.decrease_factor
+          st.learned = math.max(slope, floor)
+          st.learn_sure = slope >= floor and accepted - base >= LEARN_PRECISE_GRANTS
+        else
+          -- the base's grants sent while its throttle was in flight were 429s too
+          local burst = math.max(1, base - st.learn_base_late - slope * base_us / period_us)
+          local overshoot = math.sqrt(2 * burst * learning_slope(cfg, st, now))
+          local estimate = math.max(resumed_at, rate_before - overshoot)
+          -- A learned limit below the rate throttled at still fits (arrivals bunch up in
+          -- transit, so the slow probe meets the limit a little early): keep it unless the
+          -- limit rose.
+          if not st.learned or estimate > st.learned or st.learned >= rate_before then
+            st.learned = estimate
+          end
+          st.learn_sure = true
+        end
+        st.learned = math.min(st.learned, cfg.rate)
+      end
+      if not base_us or span < base_us then
+        st.learn_base_us, st.learn_base_grants = span, accepted
+        st.learn_base_gen, st.learn_base_late = st.generation, 0
+      end
+    end
+  end
+  local target = rate_before * cfg.decrease_factor
+  if st.learned and st.learn_sure then
+    target = st.learned * LEARN_HOLD
+  elseif st.learned then
+    target = st.learned
+  end
+  st.learn_target = math.min(target, rate_before)
+  st.learn_from = math.max(now, st.blocked_until)
+  st.learn_grants = grants
+  local fields = {'learn_target', as_string(st.learn_target), 'learn_from', st.learn_from,
+    'learn_grants', grants, 'learn_sure', st.learn_sure and '1' or '0'}
+  if st.learned then
+    fields[#fields + 1] = 'learned'
+    fields[#fields + 1] = as_string(st.learned)
+  end
+  if st.learn_base_us then
+    for _, name in ipairs({'learn_base_us', 'learn_base_grants', 'learn_base_gen',
+        'learn_base_late'}) do
+      fields[#fields + 1] = name
+      fields[#fields + 1] = st[name]
+    end
+  end
+  redis.call('HSET', keys[2], unpack(fields))
+end
+
 -- What feedback.lua and feedback_many.lua do with one signal: block everyone for `block` µs
 -- and/or, for a throttle (a 429) about a grant of the current generation (or of none), start a
 -- new generation and, when adaptive, cut the rate. A throttle about an older generation's grant
@@ -223,9 +522,15 @@ local function apply_feedback(keys, cfg, st, now, generation, block, throttled)
       st.decreased_at = now
       redis.call('HSET', keys[2], 'wmax', as_string(st.wmax), 'wstart', as_string(st.wstart),
         'decreased_at', now)
+      if cfg.learn then
+        learn_from_throttle(keys, cfg, st, now, rate_before)
+      end
       count(keys[2], 'decreases')
     end
     new_generation(keys[2], st, now)
+  elseif throttled and cfg.adaptive and cfg.learn and generation == st.learn_base_gen then
+    st.learn_base_late = st.learn_base_late + 1
+    redis.call('HSET', keys[2], 'learn_base_late', st.learn_base_late)
   end
   return accepted, rate_before
 end

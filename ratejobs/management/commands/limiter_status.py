@@ -9,11 +9,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
+from ratejobs.limiter.buckets import KeyBuckets
 from ratejobs.models import Api
-from ratejobs.selectors.apis import api_limiter_state, api_list
+from ratejobs.selectors.apis import api_key_buckets, api_limiter_state, api_list, window_text
 
 COLUMNS = ("API", "RATE NOW", "CEILING", "BURST", "ADAPTIVE", "BLOCKED", "NEXT SLOT",
-           "IN FLIGHT", "GRANTS", "429s", "GEN")  # fmt: skip
+           "IN FLIGHT", "GRANTS", "429s", "GEN", "LEARNED")  # fmt: skip
 
 
 class Command(BaseCommand):
@@ -28,18 +29,47 @@ class Command(BaseCommand):
         if options["name"] and not apis:
             raise CommandError(f"no API named {options['name']!r}")
         states = {api.name: _state(api) for api in apis}
+        keys = {api.name: _key_buckets(api) for api in apis}
         if options["json"]:
-            self.stdout.write(json.dumps([_as_json(s) for s in states.values()], indent=2))
+            self.stdout.write(json.dumps(
+                [{**_as_json(s), "key_buckets": dataclasses.asdict(keys[name])}
+                 for name, s in states.items()],
+                indent=2,
+            ))  # fmt: skip
             return
         if not states:
             self.stdout.write("no APIs yet: add one in the admin or with POST /api/apis/")
             return
         rows = [COLUMNS, *(_row(api, states[api.name]) for api in apis)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-        for row in rows:
+        for api, row in zip([None, *apis], rows, strict=True):
             self.stdout.write(
                 "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             )
+            # each further limit on a line of its own, under its API
+            for window in _windows(states[api.name]) if api is not None else ():
+                self.stdout.write(f"  limit {window.window.label}: {window_text(window)}")
+            if api is not None and keys[api.name].live:
+                self.stdout.write(f"  {_key_buckets_text(keys[api.name])}")
+
+
+def _key_buckets(api: Api) -> KeyBuckets:
+    try:
+        return api_key_buckets(api)
+    except LimiterError as exc:
+        raise CommandError(f"{api.name}: key buckets unreadable: {exc}", returncode=1) from None
+
+
+def _key_buckets_text(buckets: KeyBuckets) -> str:
+    """One line: how many credential keys have live buckets, and the most blocked or
+    throttled of them."""
+    live = f"{buckets.live}{'' if buckets.complete else '+'}"
+    top = ", ".join(
+        f"{b.key} ({f'blocked {b.blocked_for:.1f}s, ' if b.blocked_for else ''}{b.throttles} 429s)"
+        for b in buckets.top
+    )
+    most = f"; most throttled: {top}" if top else ""
+    return f"credential keys with live buckets: {live}{most}"
 
 
 def _state(api: Api) -> LimiterState:
@@ -79,7 +109,13 @@ def _row(api: Api, state: LimiterState) -> tuple[str, ...]:
         str(state.counts.grants),
         str(state.counts.throttles),
         str(state.generation),
+        # the real limit the adaptive rate learned from throttles; "-" until it measured one
+        "-" if state.learned_rate is None else f"{state.learned_rate:.4g}{per}",
     )
+
+
+def _windows(state: LimiterState) -> tuple[Any, ...]:
+    return state.windows if state.configured else ()
 
 
 def _as_json(state: LimiterState) -> dict[str, Any]:
@@ -87,4 +123,12 @@ def _as_json(state: LimiterState) -> dict[str, Any]:
         **dataclasses.asdict(state),
         "blocked_for": state.blocked_for,
         "next_free_in": state.next_free_in,
+        "windows": [
+            {
+                **dataclasses.asdict(window),
+                "label": window.window.label,
+                "text": window_text(window),
+            }
+            for window in _windows(state)
+        ],
     }

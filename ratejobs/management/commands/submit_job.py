@@ -4,7 +4,6 @@ end with a progress bar; the exit status says whether every call succeeded."""
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +14,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 
+from ratejobs.management.input_files import add_file_arguments, input_format, opened_input
 from ratejobs.models import MAX_PRIORITY, Api, Job
 from ratejobs.permissions import can_submit_jobs
 from ratejobs.selectors.apis import api_list
@@ -38,13 +38,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--api", required=True, help="name of the API to call")
-        parser.add_argument(
-            "--file", required=True, help="calls file, .csv or .jsonl; - for standard input"
-        )
-        parser.add_argument(
-            "--format", choices=("csv", "jsonl"),
-            help="the file's format (default: from its extension; jsonl for standard input)",
-        )  # fmt: skip
+        add_file_arguments(parser, what="calls")
         parser.add_argument("--name", help="the job's name (default: the file's name)")
         parser.add_argument(
             "--owner",
@@ -66,6 +60,16 @@ class Command(BaseCommand):
             help="cancel the calls not started by this time, ISO 8601 with its zone",
         )  # fmt: skip
         parser.add_argument(
+            "--callback-url", default="", metavar="URL",
+            help="POST the job's summary here, signed with the owner's signing key, when it "
+            "finishes (see the README's Job callbacks)",
+        )  # fmt: skip
+        parser.add_argument(
+            "--credential-key", default="", metavar="KEY",
+            help="send the calls with this customer's credential of the API (its own secret and "
+            "limiter bucket; see import_credentials); a call may name its own (credential_key)",
+        )  # fmt: skip
+        parser.add_argument(
             "--wait", action="store_true", help="show progress until the job is done"
         )
         parser.add_argument(
@@ -79,7 +83,7 @@ class Command(BaseCommand):
             raise CommandError(f"no API named {options['api']!r} (known: {known or 'none'})")
         owner = _owner(options["owner"])
         path = options["file"]
-        fmt = options["format"] or ("jsonl" if path == "-" else Path(path).suffix.lstrip("."))
+        fmt = input_format(path, options["format"])
         job = self._submit(api, owner, path, fmt, options)
         admin_path = reverse("admin:ratejobs_job_change", args=[job.pk])
         self.stdout.write(
@@ -89,11 +93,13 @@ class Command(BaseCommand):
             self._follow(job, options["poll"])
 
     def _submit(self, api: Api, owner: Any, path: str, fmt: str, options: dict) -> Job:
-        try:
-            stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
-        except OSError as exc:
-            raise CommandError(f"cannot read {path}: {exc.strerror}") from None
         where = "standard input" if path == "-" else path
+        with opened_input(path) as stream:
+            return self._submit_from(api, owner, path, fmt, stream, where, options)
+
+    def _submit_from(
+        self, api: Api, owner: Any, path: str, fmt: str, stream: Any, where: str, options: dict
+    ) -> Job:
         try:
             calls = calls_from_upload(f"calls.{fmt}", stream)
             return job_create(
@@ -104,6 +110,8 @@ class Command(BaseCommand):
                 priority=options["priority"],
                 not_before=options["not_before"],
                 deadline=options["deadline"],
+                callback_url=options["callback_url"],
+                credential_key=options["credential_key"],
                 calls=calls,
             )  # fmt: skip
         except UploadError as exc:
@@ -122,9 +130,6 @@ class Command(BaseCommand):
                 f"interrupted while reading {where}; nothing was stored",
                 returncode=EXIT_INTERRUPTED,
             ) from None
-        finally:
-            if stream is not sys.stdin.buffer:
-                stream.close()
 
     def _follow(self, job: Job, poll: float) -> None:
         out = self.stderr  # the progress goes to stderr, the summary to stdout

@@ -1,0 +1,103 @@
+"""Grants per second through `Limiter.acquire` for one credential key against thousands taken
+round-robin, on a real Redis: a key's bucket must cost no more per grant than the API's one.
+
+    python -m bench.keys [--keys 5000] [--seconds 5] [--processes 2] [--rounds 3]
+
+Each process holds one Limiter per key (as a worker's cache does), named `{api}:{key}` with the
+same limits, high enough (1,000,000/s per key) that nobody waits: the figure is the limiter's own
+cost. Every bucket is configured and warmed up before the clock starts (its first grant writes
+its configuration: a cost paid once per key and process). Each grant is `acquire()` followed by
+`release()`, as bench.limiter's "ours" row. Runs alternate (1 key, N keys, 1 key, ...) so that
+load from elsewhere on the machine falls on both; the table gives each run and the median.
+Redis: REDIS_URL (default redis://127.0.0.1:6379/0); its keys are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+
+import redis
+
+from ratejobs.limiter import Limiter, LimiterConfig
+
+# Per key: far above what a few processes can ask, so every acquire is granted at once.
+RATE = 1_000_000.0
+BURST = 1_000
+
+
+def _run(url: str, names: list[str], seconds: float, start_at: float, out: multiprocessing.Queue):
+    client = redis.Redis.from_url(url)
+    config = LimiterConfig(rate=RATE, period=1.0, burst=BURST)
+    limiters = [Limiter(client, name, config) for name in names]
+    for limiter in limiters:  # configure and load the scripts before the clock starts
+        limiter.release(limiter.acquire(max_wait=1))
+    time.sleep(max(0.0, start_at - time.time()))
+    grants, i, count = 0, 0, len(limiters)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        limiter = limiters[i]
+        limiter.release(limiter.acquire(max_wait=1))
+        grants += 1
+        i = i + 1 if i + 1 < count else 0
+    out.put(grants)
+
+
+def measure(url: str, base: str, keys: int, processes: int, seconds: float) -> float:
+    """Grants per second of `processes` processes, each going round-robin over the same
+    `keys` buckets (offset, so they do not move in step)."""
+    names = [f"{base}:k{i}" for i in range(keys)]
+    out: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
+    ctx = multiprocessing.get_context("spawn")
+    # warm-up (configuring 5,000 buckets) takes a few seconds: start together after it
+    start_at = time.time() + 3 + keys / 1000
+    workers = [
+        ctx.Process(target=_run, args=(url, names[p:] + names[:p], seconds, start_at, out))
+        for p in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    total = sum(out.get() for _ in workers)
+    for worker in workers:
+        worker.join()
+    return total / seconds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.keys", description=__doc__)
+    parser.add_argument("--keys", type=int, default=5000)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args(argv)
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    base = f"bench-keys-{uuid.uuid4().hex[:8]}"
+    client = redis.Redis.from_url(url)
+    results: dict[int, list[float]] = {1: [], args.keys: []}
+    try:
+        for _ in range(args.rounds):
+            for keys in results:
+                results[keys].append(measure(url, base, keys, args.processes, args.seconds))
+    finally:
+        stale = list(client.scan_iter(match=f"ratejobs:limiter:{{{base}:*", count=1000))
+        for start in range(0, len(stale), 1000):
+            client.delete(*stale[start : start + 1000])
+    print(f"| keys (round-robin) | grants/s, each run ({args.processes} processes, "
+          f"{args.seconds:g} s) | median |")  # fmt: skip
+    print("|--:|--|--:|")
+    for keys, runs in results.items():
+        each = ", ".join(f"{r:,.0f}" for r in runs)
+        print(f"| {keys:,} | {each} | {statistics.median(runs):,.0f} |")
+    one, many = (statistics.median(runs) for runs in results.values())
+    print(f"\n{args.keys:,} keys / 1 key: {many / one:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Signatures of job callbacks (ratejobs.signing), the README's own verifier, and the retry
+rules of a delivery (pure functions: no server, no database)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from ratejobs.execution.http import HttpResult
+from ratejobs.services.callbacks import attempt_verdict, retry_delay
+from ratejobs.signing import SECRET_PREFIX, new_secret, signature_header, verify
+
+SECRET = "rjwhsec_test-secret"
+BODY = b'{"event":"job.finished","job":{"id":1}}'
+NOW = 1_800_000_000
+
+
+def test_the_signature_is_hmac_sha256_of_the_time_a_dot_and_the_body():
+    header = signature_header(SECRET, BODY, NOW)
+    expected = hmac.new(SECRET.encode(), f"{NOW}.".encode() + BODY, hashlib.sha256).hexdigest()
+    assert header == f"t={NOW},v1={expected}"
+
+
+def test_a_signature_verifies_with_its_secret_body_and_time():
+    assert verify(SECRET, BODY, signature_header(SECRET, BODY, NOW), now=NOW + 10)
+
+
+@pytest.mark.parametrize(
+    "secret, body, sent_at, now",
+    [
+        ("rjwhsec_another", BODY, NOW, NOW),  # another key
+        (SECRET, BODY + b" ", NOW, NOW),  # a body changed by one byte
+        (SECRET, BODY, NOW, NOW + 301),  # replayed after the tolerance
+        (SECRET, BODY, NOW, NOW - 301),  # from a clock far ahead
+    ],
+)
+def test_a_signature_fails_for_another_key_body_or_a_time_out_of_tolerance(
+    secret, body, sent_at, now
+):
+    assert not verify(secret, body, signature_header(SECRET, BODY, sent_at), now=now)
+
+
+def test_the_time_is_signed_so_it_cannot_be_moved_to_replay_a_delivery():
+    # given an old delivery's signature with its t replaced by a fresh one
+    old = signature_header(SECRET, BODY, NOW - 3600)
+    forged = re.sub(r"t=\d+", f"t={NOW}", old)
+    assert not verify(SECRET, BODY, forged, now=NOW)
+
+
+@pytest.mark.parametrize("header", [None, "", "v1=abc", f"t={NOW}", "t=soon,v1=abc", "garbage"])
+def test_a_missing_or_malformed_header_does_not_verify(header):
+    assert not verify(SECRET, BODY, header, now=NOW)
+
+
+def test_other_schemes_beside_v1_are_ignored():
+    header = signature_header(SECRET, BODY, NOW) + ",v0=deadbeef"
+    assert verify(SECRET, BODY, header, now=NOW)
+
+
+def test_secrets_are_new_each_time_and_long():
+    first, second = new_secret(), new_secret()
+    assert first != second
+    assert first.startswith(SECRET_PREFIX) and len(first) >= len(SECRET_PREFIX) + 40
+
+
+def _readme_verifier():
+    """The verify() of the README's "Job callbacks" section, run as a receiver would."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Job callbacks", 1)[1].split("\n### ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    return namespace["verify"]
+
+
+def test_the_readme_verifier_accepts_our_signatures_and_refuses_tampering():
+    readme_verify = _readme_verifier()
+    import time
+
+    now = int(time.time())
+    assert readme_verify(SECRET, BODY, signature_header(SECRET, BODY, now))
+    assert not readme_verify(SECRET, BODY + b"x", signature_header(SECRET, BODY, now))
+    assert not readme_verify("other", BODY, signature_header(SECRET, BODY, now))
+    assert not readme_verify(SECRET, BODY, signature_header(SECRET, BODY, now - 3600))
+
+
+# -- what an attempt's result means --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "result, kind",
+    [
+        (HttpResult(status_code=200), "delivered"),
+        (HttpResult(status_code=204), "delivered"),
+        (HttpResult(status_code=500), "retry"),
+        (HttpResult(status_code=503), "retry"),
+        (HttpResult(status_code=429), "retry"),
+        (HttpResult(status_code=408), "retry"),
+        (HttpResult(status_code=None, error_kind="connect", error="refused"), "retry"),
+        (HttpResult(status_code=None, error_kind="timeout", error="slow"), "retry"),
+        (HttpResult(status_code=400), "failed"),
+        (HttpResult(status_code=401), "failed"),
+        (HttpResult(status_code=404), "failed"),
+        (HttpResult(status_code=410), "failed"),
+        (HttpResult(status_code=None, error_kind="refused", error="not allowed"), "failed"),
+    ],
+)
+def test_2xx_delivers_network_errors_5xx_408_and_429_retry_other_answers_fail(result, kind):
+    assert attempt_verdict(result, now=NOW).kind == kind
+
+
+def test_a_429_carries_its_retry_after():
+    result = HttpResult(status_code=429, headers={"Retry-After": "120"})
+    assert attempt_verdict(result, now=NOW).retry_after == 120
+
+
+def test_the_backoff_grows_with_jitter_between_half_and_all_of_its_ceiling():
+    random.seed(7)
+    for attempt, ceiling in [(1, 30), (2, 60), (3, 120), (4, 240), (5, 480), (6, 900), (8, 900)]:
+        delays = [retry_delay(attempt, base=30, cap=900, retry_after=None) for _ in range(200)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays), attempt
+        assert len(set(delays)) > 100  # jittered, not in lockstep
+
+
+def test_the_backoff_waits_at_least_retry_after_but_never_past_the_cap():
+    assert retry_delay(1, base=30, cap=900, retry_after=600) == 600
+    assert retry_delay(1, base=30, cap=900, retry_after=7200) == 900
+
+
+def test_the_default_schedule_spends_under_an_hour_over_eight_attempts():
+    # given the defaults (8 attempts, base 30 s, cap 900 s): 7 waits between them
+    from django.conf import settings
+
+    longest = sum(
+        min(
+            settings.RATEJOBS_CALLBACK_BACKOFF_CAP,
+            settings.RATEJOBS_CALLBACK_BACKOFF_BASE * 2 ** (n - 1),
+        )
+        for n in range(1, settings.RATEJOBS_CALLBACK_MAX_ATTEMPTS)
+    )
+    assert 20 * 60 < longest < 60 * 60
