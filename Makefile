@@ -7,7 +7,7 @@ STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
 .PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
-	bench-export bench-adaptive chaos
+	bench-export bench-adaptive bench-windows bench-keys chaos
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,3 +62,11 @@ bench-retention: venv
 # calls/s and peak memory; PostgreSQL only (DATABASE_URL), a few minutes; --calls N for less.
 bench-export: venv
 	$(PY) -m bench.export
+
+# What each window besides the main rate costs a grant (grants/s and Redis time per grant).
+bench-windows: venv
+	$(PY) -m bench.windows
+
+# One credential key against 5,000 keys round-robin: grants/s through the shared limiter.
+bench-keys: venv
+	$(PY) -m bench.keys

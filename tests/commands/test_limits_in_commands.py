@@ -3,11 +3,12 @@ each window, `submit_job` reads each call's cost from its file, /metrics has a g
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
 import pytest
-from django.core.management import CommandError
+from django.core.management import CommandError, call_command
 
 from ratejobs.models import Call
 from ratejobs.services.apis import api_limiter
@@ -83,3 +84,56 @@ def test_a_csv_cost_that_is_not_a_whole_number_is_named(limited, root, tmp_path)
     csv_file.write_text("path,cost\n/a,1.5\n")
     with pytest.raises(CommandError, match="line 2: cost: must be a whole number"):
         submit("--api", limited.name, "--file", str(csv_file))
+
+
+def api_limits(*args: str) -> str:
+    out = io.StringIO()
+    call_command("api_limits", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_api_limits_sets_the_windows_and_the_limiter_takes_them(
+    make_api, django_capture_on_commit_callbacks
+):
+    api = make_api()
+    with django_capture_on_commit_callbacks(execute=True):
+        out = api_limits(
+            api.name, "--rate", "20", "--limit", "300/60/30", "--limit", "90000/60:cost"
+        )
+    api.refresh_from_db()
+    # expect: stored as the REST API and the admin store them, a new version, and in Redis
+    assert api.rate == 20
+    assert api.limits == [
+        {"rate": 300.0, "period": 60.0, "burst": 30, "unit": "requests"},
+        {"rate": 90000.0, "period": 60.0, "burst": 1, "unit": "cost"},
+    ]
+    assert "limits changed (version 2)" in out
+    assert "and 90000 cost per 60 s (burst 1)" in out
+    assert [w.window.label for w in api_limiter(api).state().windows] == [
+        "300/60s",
+        "90000 cost/60s",
+    ]
+    # and --no-limits takes the windows away; no option only shows them
+    api_limits(api.name, "--no-limits")
+    api.refresh_from_db()
+    assert api.limits == []
+    assert api_limits(api.name) == f"{api.name}: 20 per 1 s (burst 1)\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--limit", "300"], "give RATE/PERIOD"),
+        (["--limit", "300/60:tokens"], "give RATE/PERIOD"),
+        (["--limit", "300/0"], "limits[0].period"),
+        (["--burst", "0"], "burst"),
+    ],
+)
+def test_api_limits_refuses_bad_limits_and_changes_nothing(make_api, args, message):
+    api = make_api()
+    with pytest.raises(CommandError, match=re.escape(message)):
+        api_limits(api.name, *args)
+    api.refresh_from_db()
+    assert (api.limits, api.limits_version) == ([], 1)
+    with pytest.raises(CommandError, match="no API named"):
+        api_limits("missing", "--rate", "1")

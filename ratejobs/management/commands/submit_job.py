@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 
 from ratejobs.management.input_files import add_file_arguments, input_format, opened_input
+from ratejobs.management.messages import validation_problems
 from ratejobs.models import MAX_PRIORITY, Api, Job
 from ratejobs.permissions import can_submit_jobs
 from ratejobs.selectors.apis import api_list
@@ -120,7 +121,7 @@ class Command(BaseCommand):
             problems = "; ".join(calls.error_messages(exc))
             raise CommandError(f"{where}: {problems}; nothing was stored") from None
         except ValidationError as exc:
-            raise CommandError(f"{_problems(exc)}; nothing was stored") from None
+            raise CommandError(f"{validation_problems(exc)}; nothing was stored") from None
         except PermissionDenied as exc:
             raise CommandError(f"{exc} Nothing was stored.") from None
         except OSError as exc:  # the file went away or failed while being read
@@ -183,17 +184,6 @@ def progress_line(job: Job, pace: float) -> str:
 def _plain(text: str) -> str:
     """Progress on stderr, but not in the colour Django gives errors there."""
     return text
-
-
-def _problems(exc: ValidationError) -> str:
-    """The job's own field errors (name, priority) with the field each is about."""
-    if not hasattr(exc, "error_dict"):
-        return "; ".join(exc.messages)
-    return "; ".join(
-        f"{field}: {message}"
-        for field, messages in exc.message_dict.items()
-        for message in messages
-    )
 
 
 def _moment(text: str) -> datetime:
