@@ -321,6 +321,7 @@ class LimiterBase:
                     held_generation,
                     self._config_version(),
                     cost,
+                    cost_seq if held_slot >= 0 else -1,
                 ],
             )
             code, wait_us, slot_us, generation, now_us, seq = (int(x) for x in reply)

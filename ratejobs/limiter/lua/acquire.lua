@@ -16,6 +16,9 @@ ARGV[5] slot of the reservation being confirmed in µs, -1 when asking anew
 ARGV[6] generation of that reservation, -1 when asking anew
 ARGV[7] the caller's config version (configure.lua's ARGV[9]), 0 when unversioned
 ARGV[8] cost: units this call takes from each "cost" window (tokens), >= 0; absent means 0
+ARGV[9] cost_seq of the reservation being confirmed (its reply's), -1 when asking anew: a
+        reservation that no longer holds (a block, a holder a slot late) gives its cost back
+        to the cost windows before a new one is made (prelude's give_back)
 
 Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
   0 GRANTED         send now; slot_us is the granted slot (<= now_us)
@@ -61,6 +64,10 @@ if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
     return {0, 0, held_slot, st.generation, now, -1}
   end
   return {1, held_slot - now, held_slot, st.generation, now, -1}
+end
+if held_slot >= 0 and held_generation == st.generation then
+  give_back(KEYS[5], cfg, st, tonumber(ARGV[9]) or -1, cost)
+  store_windows(KEYS[2], st, now)
 end
 
 local wait = next_slot_offset(cfg, st, now, weight, interval, cost)

@@ -177,6 +177,47 @@ local function record_headroom(heads_key, st, i, headroom)
   redis.call('ZADD', heads_key, st.cost_seq, i .. ':' .. st.cost_seq .. ':' .. headroom)
 end
 
+-- Give back `units` of each cost window taken by the reservation numbered `seq` (a refund, or
+-- a reservation that went stale and will never be sent), capped by the least headroom of the
+-- reservations made since it (none when the history no longer reaches back to it); what is
+-- given back is used up from those headrooms, so two refunds never give back more than one
+-- could. Changes st.w; the caller stores it.
+local function give_back(heads_key, cfg, st, seq, units)
+  if seq < 0 or units <= 0 then
+    return
+  end
+  local oldest = redis.call('ZRANGE', heads_key, 0, 0, 'WITHSCORES')
+  if #oldest > 0 and tonumber(oldest[2]) > seq + 1 then
+    return
+  end
+  local later = redis.call('ZRANGEBYSCORE', heads_key, '(' .. seq, '+inf', 'WITHSCORES')
+  local least = {}
+  for k = 1, #later, 2 do
+    local i, headroom = string.match(later[k], '^(%d+):%d+:(%d+)$')
+    i = tonumber(i)
+    least[i] = math.min(least[i] or math.huge, tonumber(headroom))
+  end
+  local given = {}
+  for i, win in ipairs(cfg.windows) do
+    if win.cost then
+      local w = st.w[i]
+      local shift = math.min(units * win.interval, least[i] or math.huge)
+      given[i] = math.floor(shift)
+      w.tat = math.max(w.tat - shift, math.min(w.tat, 0))
+      w.granted = math.max(w.granted - shift, math.min(w.granted, 0))
+    end
+  end
+  for k = 1, #later, 2 do
+    local i, rest, headroom = string.match(later[k], '^(%d+):(%d+):(%d+)$')
+    local used = given[tonumber(i)] or 0
+    if used > 0 then
+      redis.call('ZREM', heads_key, later[k])
+      redis.call('ZADD', heads_key, later[k + 1],
+        i .. ':' .. rest .. ':' .. math.max(0, tonumber(headroom) - used))
+    end
+  end
+end
+
 -- Units a request takes from window `win`: its weight, or its cost in a cost window.
 local function window_units(win, weight, cost)
   if win.cost then
