@@ -8,6 +8,7 @@ import math
 import re
 from collections.abc import Mapping
 
+from ratejobs.execution.http import header_value
 from ratejobs.limiter.config import MAX_COST
 
 # A dotted path of names into a JSON response: `usage.total_tokens`; a segment of digits also
@@ -24,9 +25,7 @@ def cost_from_response(
     number from 0 to MAX_COST, a body that is not JSON or was truncated). Whatever the API
     sends, this never raises: a garbled report leaves the estimate standing."""
     if header:
-        wanted = header.lower()
-        value = next((v for k, v in headers.items() if k.lower() == wanted), None)
-        cost = parse_cost(value)
+        cost = parse_cost(header_value(headers, header))
         if cost is not None:
             return cost
     if json_field and body:

@@ -110,8 +110,7 @@ class HttpResult:
 
     def header(self, name: str) -> str | None:
         """A response header by case-insensitive name."""
-        wanted = name.lower()
-        return next((v for k, v in self.headers.items() if k.lower() == wanted), None)
+        return header_value(self.headers, name)
 
     def __repr__(self) -> str:
         # Response headers can carry cookies or tokens: names only.
@@ -716,6 +715,12 @@ def _in_scope(target: str, scope: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def header_value(headers: Mapping[str, str], name: str) -> str | None:
+    """A header by case-insensitive name from a plain mapping (a response's headers as kept)."""
+    wanted = name.lower()
+    return next((v for k, v in headers.items() if k.lower() == wanted), None)
 
 
 def _without_credentials(headers: dict[str, str], names: frozenset[str]) -> dict[str, str]:

@@ -122,16 +122,20 @@ def api_limiter(api: Api, credential_key: str = "") -> Limiter:
     return limiter
 
 
+def check_outbound_url(url: str, *, field: str) -> None:
+    """ValidationError under `field` unless `url` may be called: stricter than URLField (http(s)
+    only, no credentials, query or dot segments), and loopback, private and link-local (cloud
+    metadata) hosts only where the operator allows them."""
+    try:
+        validate_base_url(url)
+        check_url_allowed(url, policy_for(settings.RATEJOBS_OUTBOUND_ALLOW))
+    except ValueError as exc:
+        raise ValidationError({field: str(exc).replace("base_url", field)}) from exc
+
+
 def _validate(api: Api) -> None:
     api.full_clean()
-    try:  # stricter than URLField: http(s) only, no credentials, query or dot segments
-        validate_base_url(api.base_url)
-    except ValueError as exc:
-        raise ValidationError({"base_url": str(exc)}) from exc
-    try:  # loopback, private, link-local (cloud metadata) only where the operator allows
-        check_url_allowed(api.base_url, policy_for(settings.RATEJOBS_OUTBOUND_ALLOW))
-    except ValueError as exc:
-        raise ValidationError({"base_url": str(exc)}) from exc
+    check_outbound_url(api.base_url, field="base_url")
     limits = limits_errors(api.limits)
     if limits:
         raise ValidationError({"limits": limits})

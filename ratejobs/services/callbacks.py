@@ -31,11 +31,11 @@ from django.utils import timezone
 from ratejobs.credentials import CredentialError, decrypt_secret, encrypt_secret
 from ratejobs.execution.backoff import backoff_ceiling, full_jitter
 from ratejobs.execution.http import HttpResult, send, session_for_process
-from ratejobs.execution.outbound import check_url_allowed, policy_for
+from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.request import HttpRequest
-from ratejobs.execution.urls import validate_base_url
 from ratejobs.headers import parse_retry_after
 from ratejobs.models import Call, CallbackStatus, Job, SigningKey
+from ratejobs.services.apis import check_outbound_url
 from ratejobs.services.workers import database_now
 from ratejobs.signing import SIGNATURE_HEADER, new_secret, signature_header
 
@@ -86,12 +86,7 @@ def callback_url_check(*, owner: Any, url: str) -> None:
     callback signed with a secret nobody was shown could not be verified)."""
     if not url:
         return
-    try:
-        validate_base_url(url)
-        check_url_allowed(url, policy_for(settings.RATEJOBS_OUTBOUND_ALLOW))
-    except ValueError as exc:
-        message = str(exc).replace("base_url", "callback_url")
-        raise ValidationError({"callback_url": message}) from exc
+    check_outbound_url(url, field="callback_url")
     if not SigningKey.objects.filter(user=owner).exists():
         raise ValidationError({"callback_url": NO_KEY_MESSAGE})
 
