@@ -20,6 +20,8 @@ test: venv
 
 # Everything on one machine until Ctrl-C: Redis (found or private), the sandbox API, web on
 # WEB_HOST:WEB_PORT (127.0.0.1:8000; WEB_HOST=0.0.0.0 opens it to the network), two workers, beat, Flower on FLOWER_PORT (5555).
+# Ctrl-C ends it with status 0: the demo takes the terminal's foreground for its own process
+# group, so make itself never sees the SIGINT (on which GNU make stops with "Interrupt").
 demo: venv
 	$(PY) scripts/demo.py
 

@@ -157,8 +157,11 @@ class PeakSampler:
         self._thread = threading.Thread(target=self._run, name="llen-sampler", daemon=True)
 
     def _run(self) -> None:
+        from ratejobs.namespace import broker_key  # after django.setup()
+
+        queue = broker_key(QUEUE)  # under the deployment's namespace (global_keyprefix)
         while True:
-            self.peak = max(self.peak, self.client.llen(QUEUE))
+            self.peak = max(self.peak, self.client.llen(queue))
             if self._stop.wait(SAMPLE_SECONDS):
                 return
 
@@ -432,7 +435,8 @@ def bench_redis_url(url: str) -> str:
 
 
 def delete_keys(client: redis.Redis) -> int:
-    """The keys this run left in its Redis database: limiter and dispatch state, Celery's."""
+    """The keys this run left in its Redis database: limiter and dispatch state, Celery's (all
+    under ratejobs:<namespace>:, the others in case a run of an older version left them)."""
     keys = [
         key
         for pattern in ("ratejobs:*", "unacked*", "_kombu.*", QUEUE)

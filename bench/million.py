@@ -125,6 +125,7 @@ def watch(
     from django.db import connection
 
     from ratejobs.models import Call
+    from ratejobs.namespace import broker_key
 
     pages = {
         "job list": f"{url}/admin/ratejobs/job/",
@@ -137,7 +138,7 @@ def watch(
     )
     while not stop.wait(SAMPLE_SECONDS):
         now = time.monotonic()
-        messages = client.lrange(QUEUE, 0, -1)
+        messages = client.lrange(broker_key(QUEUE), 0, -1)
         watched.peak_messages = max(watched.peak_messages, len(messages))
         watched.peak_calls_in_broker = max(
             watched.peak_calls_in_broker, sum(_calls_in(m) for m in messages)

@@ -3,10 +3,22 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from ratejobs.admin.overview import overview_data_view, overview_view
 from ratejobs.health import health_view
 from ratejobs.metrics import metrics_view
 
 urlpatterns = [
+    # The overview is no model's page: routed ahead of the admin's own, behind its login.
+    path(
+        "admin/ratejobs/overview/",
+        admin.site.admin_view(overview_view),
+        name="ratejobs_overview",
+    ),
+    path(
+        "admin/ratejobs/overview/data/",
+        admin.site.admin_view(overview_data_view),
+        name="ratejobs_overview_data",
+    ),
     path("admin/", admin.site.urls),
     path("api/", include("ratejobs.api.urls")),
     path("metrics", metrics_view, name="metrics"),

@@ -1,17 +1,18 @@
-"""`/healthz`: whether this web process can serve, for container and load-balancer checks."""
+"""`/healthz`: whether this deployment can serve, for container and load-balancer checks."""
 
 from __future__ import annotations
 
-from django.db import connection
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, JsonResponse
+
+from ratejobs.selectors.health import DOWN, deployment_health
 
 
-def health_view(request: HttpRequest) -> HttpResponse:
-    """200 when the database answers. Redis is not asked: without it the admin and the REST
-    API still work (only the limiter state and dispatch wait), so the web stays in service."""
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except Exception as exc:  # any driver error means the same thing here
-        return HttpResponse(f"database unavailable: {type(exc).__name__}\n", status=503)
-    return HttpResponse("ok\n", content_type="text/plain")
+def health_view(request: HttpRequest) -> JsonResponse:
+    """Each part's state as JSON: {"status": "ok"|"degraded"|"down", "namespace", "checks"}.
+    503 when a required part (the database, Redis, the broker; the workers only with
+    RATEJOBS_HEALTH_REQUIRE_WORKERS) is down, else 200, "degraded" naming what is missing."""
+    report = deployment_health()
+    status = 503 if report.status == DOWN else 200
+    response = JsonResponse(report.as_json(), status=status)
+    response["Cache-Control"] = "no-store"
+    return response

@@ -390,7 +390,8 @@ class Call(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.method} {self.path} (job {self.job_id} #{self.index})"
+        # Named as the job page numbers it: the job and the call's index in it, never its id.
+        return f"{self.job.name} #{self.index} ({self.method} {self.path})"
 
 
 class ApiCredential(models.Model):
@@ -463,7 +464,7 @@ class ThrottleEvent(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.get_kind_display()} on {self.api_id} at {self.created:%H:%M:%S}"
+        return f"{self.get_kind_display()} on {self.api.name} at {self.created:%Y-%m-%d %H:%M:%S}"
 
 
 class WorkerProcess(models.Model):

@@ -1,6 +1,7 @@
 """Files of calls uploaded by people (CSV, JSONL) or a path template with values, read as a
-stream of call specs. Only the format is checked here; the calls themselves are validated by
-the job service, which stores them in batches, so a large file is never held whole in memory.
+stream of call specs, and submitted as a job with every bad line of them named. Only the format
+is checked while reading; the calls themselves are validated by the job service, which stores
+them in batches, so a large file is never held whole in memory.
 """
 
 from __future__ import annotations
@@ -9,19 +10,47 @@ import csv
 import io
 import json
 import re
+import secrets
 import string
 from array import array
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import parse_qsl, quote
 
-from ratejobs.services.jobs import CallsInvalid
+from django.core.cache import cache
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import transaction
+
+from ratejobs.models import Api, Job
+from ratejobs.services.jobs import CallsInvalid, call_fields_from_spec, job_submit
 
 # One line or row of a file may be this long: a file without newlines cannot force itself
 # into memory whole. A call's body is capped at 1 MiB, so 4 MiB leaves room for JSON escaping.
 MAX_LINE_BYTES = 4 * 1024 * 1024
-CSV_COLUMNS = ("method", "path", "query", "headers", "json", "body", "cost", "credential_key")
+# The columns of a CSV file (the fields of a JSONL line), and what each holds, as the submit
+# page explains them.
+CALL_COLUMNS = (
+    ("method", "GET when empty; or HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+    ("path", "required: the path under the API's base URL, such as /users/42"),
+    ("query", 'the query string, a=1&b=2 (CSV only), or a JSON object such as {"a": 1}'),
+    ("headers", 'a JSON object of header names to values, such as {"X-Trace": "t1"}'),
+    ("json", "a JSON body, sent as application/json"),
+    ("body", "a text body, sent as it is (instead of json)"),
+    ("cost", "the call's estimated cost in the API's cost windows (tokens), a whole number; "
+     "0 when empty"),
+    ("credential_key", "send the call with this customer's credential of the API; the job's "
+     "when empty"),
+)  # fmt: skip
+CSV_COLUMNS = tuple(name for name, _ in CALL_COLUMNS)
 JSON_COLUMNS = ("headers", "json")
+# A reply names this many errors, in line order, and counts the rest: enough to fix a
+# systematic mistake, short enough to read.
+MAX_ERRORS_SHOWN = 20
+# The job service stops checking calls after 20 bad ones; the rest of the file is then read
+# only to count its errors, for at most this many more calls (about 2 s of reading) before the
+# count becomes "at least N".
+MAX_CALLS_COUNTED_AFTER_REFUSAL = 100_000
 
 csv.field_size_limit(MAX_LINE_BYTES)  # process-wide in the csv module; no per-reader limit
 
@@ -33,30 +62,161 @@ class UploadError(ValueError):
         super().__init__(f"line {line}: {message}" if line is not None else message)
         self.line = line
         self.reason = message  # without the line, for replies that name the line apart
+        # as UploadErrors has them: the errors shown, how many there are, whether all counted
+        self.errors = [LineError(line, NON_FIELD_ERRORS, message)]
+        self.total, self.exact = 1, True
+
+    def messages(self) -> list[str]:
+        """What to show, one message a line."""
+        return [str(self)]
+
+
+@dataclass(frozen=True)
+class LineError:
+    """One error of a file: its line, the call's field it is about (NON_FIELD_ERRORS for the
+    line as a whole) and the message."""
+
+    line: int | None
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        field = "" if self.field == NON_FIELD_ERRORS else f"{self.field}: "
+        return f"{where}{field}{self.message}"
+
+
+class UploadErrors(UploadError):
+    """Every error of a file, the first MAX_ERRORS_SHOWN of them by line; `total` counts them
+    all when `exact`, else at least that many (the file was too long to read to its end)."""
+
+    def __init__(self, errors: list[LineError], total: int, exact: bool) -> None:
+        super().__init__(errors[0].message, errors[0].line)
+        self.errors, self.total, self.exact = errors, total, exact
+        self.args = ("; ".join(self.messages()),)
+
+    def messages(self) -> list[str]:
+        """One message per error shown, then "and 12 more errors" when some are not."""
+        more = self.total - len(self.errors)
+        shown = [str(error) for error in self.errors]
+        if not more:
+            return shown
+        count = f"{more:,}" if self.exact else f"at least {more:,}"
+        return [*shown, f"and {count} more error{'s' if more != 1 else ''}"]
+
+
+class _ErrorsInLineOrder:
+    """Errors arriving in line order, keeping the first MAX_ERRORS_SHOWN and counting all."""
+
+    def __init__(self) -> None:
+        self.first: list[LineError] = []
+        self.count = 0
+
+    def add(self, error: LineError) -> None:
+        self.count += 1
+        if len(self.first) < MAX_ERRORS_SHOWN:
+            self.first.append(error)
 
 
 class NumberedCalls:
     """The calls read from a file or a list of values, remembering the line each came from, so
-    that an error the job service reports for call N can name the line a person can find."""
+    that an error the job service reports for call N can name the line a person can find.
 
-    def __init__(self, numbered: Iterator[tuple[int, dict]]) -> None:
+    A line that cannot be read as a call is skipped and its error kept; at the end of the file
+    they are raised together (UploadErrors), unless the calls are submitted with
+    job_submit_from_file(), which also names the calls the job service refuses."""
+
+    def __init__(self, numbered: Iterator[tuple[int, dict | UploadError]]) -> None:
         self._numbered = numbered
         self._lines = array("L")  # 4 or 8 bytes a call: a million calls cost a few MiB
+        self._unreadable = _ErrorsInLineOrder()  # lines that are no call
+        self._refused = _ErrorsInLineOrder()  # calls the job service refused
+        self._ended = False
+        self._raise_at_end = True
 
     def __iter__(self) -> NumberedCalls:
         return self
 
     def __next__(self) -> dict:
-        line, spec = next(self._numbered)
-        self._lines.append(line)
-        return spec
+        for line, spec in self._numbered:
+            if isinstance(spec, UploadError):
+                self._unreadable.add(LineError(spec.line, NON_FIELD_ERRORS, spec.reason))
+                continue
+            self._lines.append(line)
+            return spec
+        self._ended = True
+        if self._raise_at_end and self.has_errors():
+            raise self.errors()
+        raise StopIteration
 
     def line_of(self, index: int) -> int | None:
         return self._lines[index] if 0 <= index < len(self._lines) else None
 
-    def error_messages(self, invalid: CallsInvalid) -> list[str]:
-        """The job service's errors by call index, as messages by line."""
-        return invalid.messages_by(lambda index: f"line {self.line_of(index)}")
+    def has_errors(self) -> bool:
+        return bool(self._unreadable.count or self._refused.count)
+
+    def errors(self) -> UploadErrors:
+        """The errors found so far, the first of them by line, with their count."""
+        first = sorted(
+            self._unreadable.first + self._refused.first,
+            key=lambda error: error.line if error.line is not None else 0,
+        )[:MAX_ERRORS_SHOWN]
+        total = self._unreadable.count + self._refused.count
+        return UploadErrors(first, total, exact=self._ended)
+
+    def _add_refused(self, invalid: CallsInvalid) -> None:
+        for index, fields in invalid.call_errors.items():
+            self._add_refused_call(index, fields)
+
+    def _add_refused_call(self, index: int, fields: dict[str, list[str]]) -> None:
+        for field, messages in fields.items():
+            for message in messages:
+                self._refused.add(LineError(self.line_of(index), field, message))
+
+    def _count_the_rest(self, api: Api) -> None:
+        """After the job service stopped at its 20th bad call, check the calls after it only to
+        count their errors, up to MAX_CALLS_COUNTED_AFTER_REFUSAL calls."""
+        start = len(self._lines)
+        for offset, spec in enumerate(self):
+            try:
+                call_fields_from_spec(api=api, spec=spec)
+            except ValidationError as exc:
+                fields = (
+                    exc.message_dict
+                    if hasattr(exc, "error_dict")
+                    else {NON_FIELD_ERRORS: exc.messages}
+                )
+                self._add_refused_call(start + offset, fields)
+            if offset + 1 >= MAX_CALLS_COUNTED_AFTER_REFUSAL:
+                return
+
+
+class _LinesRefused(Exception):
+    """Rolls back a job whose good calls were stored while bad lines were skipped."""
+
+
+def job_submit_from_file(*, calls: NumberedCalls, api: Api, **fields: Any) -> tuple[Job, bool]:
+    """job_submit() for calls read from a file or a list of values: the job with all its calls,
+    or nothing stored and UploadErrors naming every bad line (unreadable, or a call the job
+    service refuses), the first MAX_ERRORS_SHOWN by line, with their count."""
+    calls._raise_at_end = False  # the errors are raised here, with the service's
+    try:
+        with transaction.atomic():
+            job, created = job_submit(calls=calls, api=api, **fields)
+            if calls.has_errors():
+                raise _LinesRefused
+    except CallsInvalid as exc:
+        calls._add_refused(exc)
+    except _LinesRefused:
+        pass
+    except ValidationError:
+        # "no call at all" or "too many calls": the bad lines come first, if there are any
+        if not calls.has_errors():
+            raise
+    else:
+        return job, created
+    calls._count_the_rest(api)
+    raise calls.errors() from None
 
 
 def calls_from_jsonl(stream: IO[bytes]) -> NumberedCalls:
@@ -64,7 +224,7 @@ def calls_from_jsonl(stream: IO[bytes]) -> NumberedCalls:
     return NumberedCalls(_numbered_jsonl(stream))
 
 
-def _numbered_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, dict]]:
+def _numbered_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, dict | UploadError]]:
     line_number = 0
     while True:
         raw = stream.readline(MAX_LINE_BYTES + 1)
@@ -72,21 +232,27 @@ def _numbered_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, dict]]:
             return
         line_number += 1
         if len(raw) > MAX_LINE_BYTES:
-            raise UploadError(f"longer than {MAX_LINE_BYTES} bytes", line_number)
+            yield line_number, UploadError(f"longer than {MAX_LINE_BYTES} bytes", line_number)
+            while raw and not raw.endswith(b"\n"):  # skip the rest of it, a bounded read each
+                raw = stream.readline(MAX_LINE_BYTES + 1)
+            continue
         if line_number == 1 and raw.startswith(b"\xef\xbb\xbf"):
             raw = raw[3:]
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            raise UploadError("not UTF-8 text", line_number) from None
+            yield line_number, UploadError("not UTF-8 text", line_number)
+            continue
         if not text.strip():
             continue
         try:
             spec = json.loads(text)
         except ValueError as exc:
-            raise UploadError(f"not valid JSON: {exc}", line_number) from None
+            yield line_number, UploadError(f"not valid JSON: {exc}", line_number)
+            continue
         if not isinstance(spec, dict):
-            raise UploadError("each line must be a JSON object (a call)", line_number)
+            yield line_number, UploadError("each line must be a JSON object (a call)", line_number)
+            continue
         yield line_number, spec
 
 
@@ -96,21 +262,23 @@ def calls_from_csv(stream: IO[bytes]) -> NumberedCalls:
     return NumberedCalls(_numbered_csv(stream))
 
 
-def _numbered_csv(stream: IO[bytes]) -> Iterator[tuple[int, dict]]:
+def _numbered_csv(stream: IO[bytes]) -> Iterator[tuple[int, dict | UploadError]]:
     text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
     reader = csv.reader(text)
     try:
         header = next(reader, None)
         if header is None:
-            raise UploadError("the file is empty: a header row is needed", 1)
+            yield 1, UploadError("the file is empty: a header row is needed", 1)
+            return
         columns = [name.strip().lower() for name in header]
         unknown = [name for name in columns if name not in CSV_COLUMNS]
         if unknown:
-            raise UploadError(
-                f"unknown columns: {', '.join(unknown)} (use {', '.join(CSV_COLUMNS)})", 1
-            )
+            message = f"unknown columns: {', '.join(unknown)} (use {', '.join(CSV_COLUMNS)})"
+            yield 1, UploadError(message, 1)
+            return
         if "path" not in columns:
-            raise UploadError("a path column is needed", 1)
+            yield 1, UploadError("a path column is needed", 1)
+            return
         line_number = reader.line_num
         for row in reader:
             first_line = line_number + 1
@@ -118,12 +286,19 @@ def _numbered_csv(stream: IO[bytes]) -> Iterator[tuple[int, dict]]:
             if not any(cell.strip() for cell in row):
                 continue
             if len(row) > len(columns):
-                raise UploadError(f"{len(row)} cells for {len(columns)} columns", first_line)
-            yield first_line, _csv_call(dict(zip(columns, row, strict=False)), first_line)
+                yield first_line, UploadError(f"{len(row)} cells for {len(columns)} columns",
+                                              first_line)  # fmt: skip
+                continue
+            try:
+                yield first_line, _csv_call(dict(zip(columns, row, strict=False)), first_line)
+            except UploadError as exc:
+                yield first_line, exc
+    # Past a broken quote or undecodable bytes the rows cannot be told apart: the file's
+    # reading ends there, with the errors found before.
     except UnicodeDecodeError:
-        raise UploadError("not UTF-8 text", reader.line_num + 1) from None
+        yield reader.line_num + 1, UploadError("not UTF-8 text", reader.line_num + 1)
     except csv.Error as exc:
-        raise UploadError(f"not valid CSV: {exc}", reader.line_num) from None
+        yield reader.line_num, UploadError(f"not valid CSV: {exc}", reader.line_num)
     finally:
         text.detach()  # leave the upload open for its owner
 
@@ -185,13 +360,14 @@ def calls_from_template(
 
 def _numbered_template_calls(
     method: str, path_template: str, name: str, values: Iterable[str], cost: int
-) -> Iterator[tuple[int, dict]]:
+) -> Iterator[tuple[int, dict | UploadError]]:
     for line_number, value in enumerate(values, start=1):
         value = value.strip()
         if not value:
             continue
         if len(value) > MAX_LINE_BYTES:
-            raise UploadError(f"longer than {MAX_LINE_BYTES} bytes", line_number)
+            yield line_number, UploadError(f"longer than {MAX_LINE_BYTES} bytes", line_number)
+            continue
         yield (
             line_number,
             {
@@ -218,3 +394,63 @@ def calls_from_upload(name: str, stream: IO[bytes]) -> NumberedCalls:
     if lowered.endswith(".csv"):
         return calls_from_csv(stream)
     raise UploadError("unsupported file type: use .csv or .jsonl")
+
+
+# --- an upload kept between tries ----------------------------------------------------------
+# A browser empties a file input when the form comes back with errors, so the admin's submit
+# page keeps the file in the cache (Redis, shared by every web process) for the next try.
+
+# A file is kept for this long after a try: long enough to fix the form, short enough that
+# files do not pile up in Redis.
+KEPT_UPLOAD_SECONDS = 60 * 60
+# Larger files are not kept (Redis holds a value in memory): they must be chosen again.
+KEPT_UPLOAD_MAX_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class KeptUpload:
+    """A file of calls kept from a try, known by a random token to the user who sent it."""
+
+    token: str
+    name: str
+    content: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.content)
+
+
+def _kept_upload_key(user: Any, token: str) -> str:
+    return f"kept-upload:{user.pk}:{token}"
+
+
+def upload_keep(*, user: Any, name: str, stream: IO[bytes], size: int) -> KeptUpload | None:
+    """Keep a file for the user's next try, or None when it is over KEPT_UPLOAD_MAX_BYTES."""
+    if size > KEPT_UPLOAD_MAX_BYTES:
+        return None
+    stream.seek(0)
+    content = stream.read(KEPT_UPLOAD_MAX_BYTES + 1)
+    if len(content) > KEPT_UPLOAD_MAX_BYTES:
+        return None
+    kept = KeptUpload(token=secrets.token_urlsafe(16), name=name, content=content)
+    cache.set(_kept_upload_key(user, kept.token), (name, content), KEPT_UPLOAD_SECONDS)
+    return kept
+
+
+def upload_kept(*, user: Any, token: str) -> KeptUpload | None:
+    """The file the user's last try kept under this token; None once expired, or when the
+    token is another user's or not one at all. Kept an hour more from now."""
+    if not token or len(token) > 64:
+        return None
+    key = _kept_upload_key(user, token)
+    found = cache.get(key)
+    if found is None:
+        return None
+    cache.touch(key, KEPT_UPLOAD_SECONDS)
+    name, content = found
+    return KeptUpload(token=token, name=name, content=content)
+
+
+def upload_forget(*, user: Any, token: str) -> None:
+    if token:
+        cache.delete(_kept_upload_key(user, token))

@@ -13,12 +13,14 @@ DEMO_EXIT_WHEN_DONE=1 stops everything once the demo job is done.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,8 @@ ADVERTISED_RATE = 20.0
 REAL_RATE = 12.0
 STOP_TIMEOUT = 20.0
 PROGRESS_EVERY = 5.0
+# How often the job and the children are looked at between progress lines.
+CHECK_EVERY = 0.5
 READY_TIMEOUT = 90.0
 
 
@@ -62,6 +66,7 @@ class Demo:
 
     def run(self) -> int:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
+        give_back_the_terminal = take_the_terminal()
         try:
             self.start_services()
             job_id = self.set_up_data()
@@ -70,9 +75,10 @@ class Demo:
             return self.follow(job_id)
         except KeyboardInterrupt:
             print("\nstopping...")
-            return 130
+            return 0  # Ctrl-C is how a demo ends: not an error
         finally:
             self.stop()
+            give_back_the_terminal()
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -217,21 +223,25 @@ class Demo:
         from ratejobs.models import Job
 
         final = False
+        printed_at = -PROGRESS_EVERY
         while True:
             self.check_children()
             if not final:
                 job = Job.objects.get(pk=job_id)
-                print(
-                    f"demo job: {job.done}/{job.total} done, {job.succeeded} ok, "
-                    f"{job.throttled} 429s, {job.retries} retries ({job.status})",
-                    flush=True,
-                )
                 final = job.status in (Job.Status.COMPLETED, Job.Status.CANCELLED)
+                # The end is printed as soon as it comes; progress every PROGRESS_EVERY s.
+                if final or time.monotonic() - printed_at >= PROGRESS_EVERY:
+                    printed_at = time.monotonic()
+                    print(
+                        f"demo job: {job.done}/{job.total} done, {job.succeeded} ok, "
+                        f"{job.throttled} 429s, {job.retries} retries ({job.status})",
+                        flush=True,
+                    )
                 if final and self.exit_when_done:
                     return 0
                 if final:
                     print("The demo job is done; the system keeps running until Ctrl-C.")
-            time.sleep(PROGRESS_EVERY)
+            time.sleep(CHECK_EVERY)
 
     def check_children(self) -> None:
         for name, process in self.children:
@@ -251,6 +261,32 @@ class Demo:
         if self.redis is not None and self.redis.started_here:
             self.redis.stop()
             print("stopped the private Redis")
+
+
+def take_the_terminal() -> Callable[[], None]:
+    """Make this process's own group the terminal's foreground one, so that Ctrl-C reaches the
+    demo alone; return what gives the terminal back.
+
+    Under `make demo`, Ctrl-C would reach make too, and GNU make ends on SIGINT whatever its
+    recipe does ("make: *** [Makefile:23: demo] Interrupt", status 130). In its own group the
+    demo stops its children and exits 0, and make ends with it, quietly."""
+    try:
+        terminal = sys.stdin.fileno()
+        if not os.isatty(terminal):
+            return lambda: None
+        before = os.tcgetpgrp(terminal)
+        os.setpgid(0, 0)  # already its group's leader when a shell started it: nothing changes
+        # A process outside the foreground group that sets it is sent SIGTTOU (stop) otherwise.
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        os.tcsetpgrp(terminal, os.getpgrp())
+    except (OSError, ValueError):  # no terminal, or a session leader: leave things as they are
+        return lambda: None
+
+    def give_back() -> None:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(terminal, before)
+
+    return give_back
 
 
 def main() -> int:

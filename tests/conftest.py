@@ -21,13 +21,24 @@ from django.conf import settings
 from ratejobs import devredis
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.models import Api, Job
+from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services import apis as api_services
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
-from tests.realparts import sandbox, start_beat, start_worker  # noqa: F401 (fixtures)
+from tests.realparts import (  # noqa: F401 (fixtures)
+    module_worker,
+    sandbox,
+    shared_worker,
+    start_beat,
+    start_worker,
+)
 
 EVERY_TEST_MUST_RUN = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+# Processes the tests start (workers, gunicorn, manage.py) open the test database, whose name
+# is not the one this process derived its Redis namespace from: they inherit this one, or they
+# would use other limiters and another broker queue than the tests.
+os.environ["RATEJOBS_NAMESPACE"] = settings.RATEJOBS_NAMESPACE
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -128,7 +139,7 @@ def services_redis(redis_url: str, redis_client: Any, unique_name: str, db: None
     after `unique_name`) are removed afterwards."""
     _forget_redis_clients()
     yield
-    keys = list(redis_client.scan_iter(match=f"ratejobs:limiter:{{{unique_name}*"))
+    keys = list(redis_client.scan_iter(match=f"{limiter_key_prefix()}:{{{unique_name}*"))
     if keys:
         redis_client.delete(*keys)
     _forget_redis_clients()

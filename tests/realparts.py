@@ -84,6 +84,47 @@ def launch_worker(redis_url: str, log: Path, concurrency: int = 2, **env_overrid
     return worker
 
 
+# The module's worker heartbeats this often (test settings: every 2 s), so that each test waits
+# at most about this long for its heartbeats after the flush of the one before (shared_worker).
+SHARED_WORKER_HEARTBEAT_SECONDS = 0.5
+
+
+@pytest.fixture(scope="module")
+def module_worker(django_db_setup, redis_url, tmp_path_factory) -> Iterator[Worker]:
+    """One plain worker for the tests of a module: starting and stopping one takes seconds
+    (over ten on a loaded machine), the job of each test a few. Use it through shared_worker."""
+    from project.celery import app
+
+    app.conf.broker_url = redis_url
+    app.control.purge()
+    worker = launch_worker(
+        redis_url,
+        tmp_path_factory.mktemp("module-worker") / "worker.log",
+        RATEJOBS_WORKER_HEARTBEAT_SECONDS=str(SHARED_WORKER_HEARTBEAT_SECONDS),
+    )
+    yield worker
+    worker.stop()
+    app.control.purge()
+
+
+@pytest.fixture
+def shared_worker(module_worker: Worker, transactional_db: None) -> Worker:
+    """The module's worker, once every pool process's heartbeat is in the database again: the
+    flush after each test removes them, and a call claimed without one looks like a dead
+    process's, which a sweep takes back and sends a second time."""
+    from project.celery import app
+    from ratejobs.models import WorkerProcess
+
+    app.control.purge()  # messages of the test before, naming rows that are gone
+    pids = set(module_worker.pool_pids())
+    deadline = time.monotonic() + WORKER_START_TIMEOUT
+    while set(WorkerProcess.objects.filter(pid__in=pids).values_list("pid", flat=True)) != pids:
+        assert module_worker.process.poll() is None, f"{module_worker.name} died"
+        assert time.monotonic() < deadline, f"no heartbeat from {module_worker.name}'s pool"
+        time.sleep(0.05)
+    return module_worker
+
+
 @pytest.fixture
 def start_beat(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
     """Start `celery -A project beat`, which runs the reconciler on its schedule."""
@@ -159,8 +200,9 @@ def sandbox() -> Iterator[Callable[..., SandboxProcess]]:
         server.stop()
 
 
-def wait_for_job(job, *, timeout: float, poll: float = 0.5):
-    """Poll until the job is completed or cancelled; return it (with timings printed)."""
+def wait_for_job(job, *, timeout: float, poll: float = 0.2):
+    """Poll until the job is completed or cancelled; return it (with timings printed). A
+    poll is one primary-key read: often enough that a test waits little past its job's end."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job.refresh_from_db()

@@ -158,7 +158,7 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(redis_url, tmp_path):
         assert 'ratejobs_calls{api="sandbox",status="succeeded"} 40.0' in metrics
 
         # Ctrl-C stops every process the demo started
-        assert demo.stop() == 130
+        assert demo.stop() == 0  # Ctrl-C is how a demo ends: not an error
         for port in (web, flower, sandbox):
             assert not listening(port), port
     finally:

@@ -6,13 +6,19 @@ import io
 
 import pytest
 
-from ratejobs.services.jobs import CallsInvalid
+from ratejobs import uploads
+from ratejobs.models import Call, Job
 from ratejobs.uploads import (
+    MAX_ERRORS_SHOWN,
+    MAX_LINE_BYTES,
+    LineError,
     UploadError,
+    UploadErrors,
     calls_from_csv,
     calls_from_jsonl,
     calls_from_template,
     calls_from_upload,
+    job_submit_from_file,
 )
 
 
@@ -153,8 +159,72 @@ def test_each_call_remembers_the_line_it_came_from():
     calls = calls_from_jsonl(io.BytesIO(b'{"path": "/a"}\n\n{"path": "/b"}\n{"path": "/c"}\n'))
     assert [spec["path"] for spec in calls] == ["/a", "/b", "/c"]
     assert [calls.line_of(i) for i in range(4)] == [1, 3, 4, None]
-    invalid = CallsInvalid({2: {"path": ["bad"]}, 0: {"__all__": ["no"]}})
-    assert calls.error_messages(invalid) == [
-        "line 4: path: bad",
-        "line 1: no",
+
+
+def test_reading_goes_on_past_bad_lines_and_names_them_all_at_the_end():
+    # given JSON lines with three unreadable ones among good calls
+    calls = calls_from_jsonl(io.BytesIO(b'{"path": "/a"}\n{oops\n[1]\n{"path": "/b"}\n\xff\n'))
+    with pytest.raises(UploadErrors) as raised:
+        list(calls)
+    assert raised.value.messages() == [
+        "line 2: not valid JSON: Expecting property name enclosed in double quotes: line 1 "
+        "column 2 (char 1)",
+        "line 3: each line must be a JSON object (a call)",
+        "line 5: not UTF-8 text",
     ]
+    assert [calls.line_of(i) for i in range(2)] == [1, 4]  # the good calls keep their lines
+
+
+def test_a_too_long_line_is_skipped_to_its_end_and_the_next_line_read():
+    source = io.BytesIO(b"x" * (MAX_LINE_BYTES + 10) + b'\n{"path": "/b"}\n{bad\n')
+    with pytest.raises(UploadErrors) as raised:
+        list(calls_from_jsonl(source))
+    assert [error.line for error in raised.value.errors] == [1, 3]
+
+
+def test_a_csv_reader_goes_on_past_bad_rows():
+    data = 'path,json\n/a,{bad\n/b,1,2\n/c,"{""k"": 1}"\n'
+    with pytest.raises(UploadErrors) as raised:
+        csv_calls(data)
+    assert raised.value.messages() == [
+        "line 2: column json: not valid JSON: Expecting property name enclosed in double "
+        "quotes: line 1 column 2 (char 1)",
+        "line 3: 3 cells for 2 columns",
+    ]
+
+
+def test_errors_past_the_cap_are_counted_in_one_line():
+    errors = [LineError(n, "__all__", "bad") for n in range(1, MAX_ERRORS_SHOWN + 1)]
+    assert UploadErrors(errors, MAX_ERRORS_SHOWN + 1, exact=True).messages()[-1] == (
+        "and 1 more error"
+    )
+    assert UploadErrors(errors, 1234 + MAX_ERRORS_SHOWN, exact=True).messages()[-1] == (
+        "and 1,234 more errors"
+    )
+    assert UploadErrors(errors, 1 + MAX_ERRORS_SHOWN, exact=False).messages()[-1] == (
+        "and at least 1 more error"
+    )
+    assert UploadErrors(errors[:2], 2, exact=True).messages() == ["line 1: bad", "line 2: bad"]
+
+
+@pytest.mark.usefixtures("services_redis")
+def test_a_huge_file_counts_its_errors_only_so_far(api, user, monkeypatch):
+    # given a file whose calls are all bad, longer than the count after a refusal may read
+    monkeypatch.setattr(uploads, "MAX_CALLS_COUNTED_AFTER_REFUSAL", 50)
+    lines = b"".join(b'{"path": "/../x"}\n' for _ in range(200))
+    with pytest.raises(UploadErrors) as raised:
+        job_submit_from_file(calls=calls_from_jsonl(io.BytesIO(lines)), api=api, owner=user,
+                             name="huge")  # fmt: skip
+    # expect: the 20 the job service checked and the 50 read after them, as a minimum
+    assert (raised.value.total, raised.value.exact) == (70, False)
+    assert raised.value.messages()[-1] == "and at least 50 more errors"
+    assert not Job.objects.exists()
+
+
+@pytest.mark.usefixtures("services_redis")
+def test_good_calls_among_bad_lines_are_not_stored(api, user):
+    lines = b'{"path": "/a"}\n{oops\n{"path": "/b"}\n'
+    with pytest.raises(UploadErrors, match="line 2: not valid JSON"):
+        job_submit_from_file(calls=calls_from_jsonl(io.BytesIO(lines)), api=api, owner=user,
+                             name="partly bad")  # fmt: skip
+    assert (Job.objects.count(), Call.objects.count()) == (0, 0)

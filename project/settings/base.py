@@ -12,6 +12,7 @@ from kombu import Queue
 
 from ratejobs.execution.outbound import OutboundPolicy
 from ratejobs.logs import logging_config
+from ratejobs.namespace import check_namespace, namespace_for_database
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -97,6 +98,19 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 
 # The shared rate limiter state lives here; the broker defaults to the same server.
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# Every key this deployment writes in Redis (limiters, dispatch, locks, cache, the broker's
+# queues) starts with ratejobs:<namespace>:. By default a hash of the database, so deployments
+# with different databases on one Redis never share state by accident; set it when processes
+# of one deployment reach the database by different addresses (a pooler), so they agree.
+RATEJOBS_NAMESPACE = check_namespace(
+    env.str("RATEJOBS_NAMESPACE", default="") or namespace_for_database(DATABASES["default"])
+)
+# The limiters alone under another namespace: the same value on two deployments with different
+# databases shares their limiters (one quota) on purpose, while their broker queues, dispatch
+# keys and cache, which name rows of each one's database, stay apart. Empty: RATEJOBS_NAMESPACE.
+RATEJOBS_LIMITER_NAMESPACE = env.str("RATEJOBS_LIMITER_NAMESPACE", default="")
+if RATEJOBS_LIMITER_NAMESPACE:
+    check_namespace(RATEJOBS_LIMITER_NAMESPACE)
 # High availability for the limiter's Redis (see README, "Several machines"): either Sentinel
 # (REDIS_URL then gives the database number and password, its host is not used) or Cluster.
 REDIS_SENTINELS = env.list("REDIS_SENTINELS", default=[])  # host:port of each sentinel
@@ -142,7 +156,13 @@ CELERY_TASK_ROUTES = {
 CELERY_DB_REUSE_MAX = 1_000_000
 # Redis hands an unacknowledged task to another worker after this long. It must exceed the
 # hard time limit and the longest countdown we schedule (Retry-After), or tasks run twice.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 60 * 60}
+# global_keyprefix: the broker's queues, bindings and unacked messages live under the
+# deployment's namespace too, so two deployments on one Redis never take each other's tasks
+# (Flower reads the same option from this app's configuration).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 60 * 60,
+    "global_keyprefix": f"ratejobs:{RATEJOBS_NAMESPACE}:broker:",
+}
 if REDIS_SENTINEL_MASTER:  # with CELERY_BROKER_URL=sentinel://host:26379;sentinel://...
     CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
 
@@ -184,6 +204,9 @@ RATEJOBS_CALLS_PER_MESSAGE = env.int("RATEJOBS_CALLS_PER_MESSAGE", default=64)
 # reconciler). Above the longest pause a busy process may have (a database failover).
 RATEJOBS_WORKER_HEARTBEAT_SECONDS = env.float("RATEJOBS_WORKER_HEARTBEAT_SECONDS", default=5.0)
 RATEJOBS_WORKER_DEAD_AFTER = env.float("RATEJOBS_WORKER_DEAD_AFTER", default=30.0)
+# /healthz answers 503 when no worker was seen in the last minute only with this set; by
+# default that is "degraded" with 200, so a web container is not restarted for want of workers.
+RATEJOBS_HEALTH_REQUIRE_WORKERS = env.bool("RATEJOBS_HEALTH_REQUIRE_WORKERS", default=False)
 # Seconds between reconciler runs (celery beat): re-dispatches calls whose message was lost.
 RATEJOBS_RECONCILE_INTERVAL = env.float("RATEJOBS_RECONCILE_INTERVAL", default=30.0)
 # A dispatched call not started after this long lost its broker message (Redis restart).
@@ -302,6 +325,6 @@ CACHES = {
     "default": {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": RATEJOBS_CACHE_URL,
-        "KEY_PREFIX": "ratejobs:cache",
+        "KEY_PREFIX": f"ratejobs:{RATEJOBS_NAMESPACE}:cache",
     }
 }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
@@ -16,10 +16,14 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from ratejobs.admin.access import ManagerAccess, sees_every_job
+from ratejobs.admin.calls import rate_change_text, retry_after_text
+from ratejobs.admin.cells import clipped, clock_column
+from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import ApiAdminForm
 from ratejobs.execution.request import MASK
 from ratejobs.limiter import LimiterError, LimiterState
-from ratejobs.models import Api, ThrottleEvent
+from ratejobs.limiter.core import MICROS
+from ratejobs.models import Api, Job, ThrottleEvent
 from ratejobs.selectors.apis import (
     LimiterReading,
     api_key_buckets,
@@ -27,6 +31,7 @@ from ratejobs.selectors.apis import (
     credential_list,
     window_text,
 )
+from ratejobs.selectors.jobs import moment_text, rate_text, seconds_text
 from ratejobs.services.apis import (
     EDITABLE_FIELDS,
     api_block,
@@ -51,6 +56,21 @@ class ApiChangeList(ChangeList):
             api.limiter_reading = readings[api.pk]
 
 
+def count_text(count: float) -> str:
+    """A limit's count rounded for reading: "300", "13.9", "0.05"."""
+    if count == int(count):
+        return str(int(count))
+    return f"{count:.1f}" if abs(count) >= 10 else f"{count:.2g}"
+
+
+def per_period_text(count: float, period: float) -> str:
+    """A rate given per period: "12.3/s" when the period is a second, else "300 per 60 s
+    (5.0/s)", so limits of different periods compare at a glance."""
+    if period == 1:  # a configured "20/s" reads as given, a measured 12.34 as "12.3/s"
+        return f"{count_text(count)}/s" if count == int(count) else rate_text(count)
+    return f"{count_text(count)} per {count_text(period)} s ({rate_text(count / period)})"
+
+
 def credential_text(api: Api) -> str:
     if api.credential_encrypted:
         return "stored (encrypted)"
@@ -65,7 +85,15 @@ def learned_limit_text(state: LimiterState) -> str:
         return "- (not adaptive)"
     if state.learned_rate is None:
         return "not measured yet (no throttle so far)"
-    return f"{state.learned_rate:.3g} per {state.period:g} s (held just under it)"
+    return f"{per_period_text(state.learned_rate, state.period)} (held just under it)"
+
+
+def blocked_text(state: LimiterState) -> str:
+    """How long every worker still waits, and until what time on the clock."""
+    if not state.blocked_for:
+        return "not blocked"
+    until = datetime.fromtimestamp(state.blocked_until_us / MICROS, UTC)
+    return f"blocked for {seconds_text(state.blocked_for)} more, until {moment_text(until)}"
 
 
 def limiter_state_table(reading: LimiterReading) -> str:
@@ -74,25 +102,28 @@ def limiter_state_table(reading: LimiterReading) -> str:
     if reading.state is None:
         return format_html('<p class="rj-blocked">{}</p>', reading.error)
     state = reading.state
-    blocked = (
-        format_html('<span class="rj-blocked">blocked for {} s</span>', f"{state.blocked_for:.1f}")
-        if state.blocked_for
-        else "not blocked"
-    )
     rows = [
-        ("current rate", f"{state.current_rate:.3g} per {state.period:g} s"),
-        ("ceiling", f"{state.rate:.3g} per {state.period:g} s (burst {state.burst})"),
+        ("current rate", per_period_text(state.current_rate, state.period)),
+        ("ceiling", f"{per_period_text(state.rate, state.period)} (burst {state.burst})"),
         *(("limit", window_text(window)) for window in state.windows),
-        ("adaptive", f"yes, floor {state.min_rate:.3g}" if state.adaptive else "no"),
-        ("learned limit", learned_limit_text(state)),
-        ("blocked", blocked),
-        ("next free slot in", f"{state.next_free_in:.3f} s"),
         (
-            "in flight",
-            f"{state.in_flight} of {state.max_concurrency}"
-            if state.max_concurrency
-            else f"{state.in_flight} (no cap)",
+            "adaptive",
+            f"yes, floor {per_period_text(state.min_rate, state.period)}"
+            if state.adaptive
+            else "no",
         ),
+        ("learned limit", learned_limit_text(state)),
+        (
+            "blocked",
+            format_html('<span class="rj-blocked">{}</span>', blocked_text(state))
+            if state.blocked_for
+            else blocked_text(state),
+        ),
+        (
+            "next free slot",
+            f"in {seconds_text(state.next_free_in)}" if state.next_free_in else "now",
+        ),
+        ("in flight", in_flight_text(state)),
         ("generation", str(state.generation)),
     ]
     return format_html(
@@ -102,6 +133,104 @@ def limiter_state_table(reading: LimiterReading) -> str:
             *[cell for row in rows for cell in row],
         ),
     )
+
+
+def in_flight_text(state: LimiterState) -> str:
+    if state.max_concurrency:
+        return f"{state.in_flight} of {state.max_concurrency}"
+    return f"{state.in_flight} (no cap)"
+
+
+def reset_consequences(api: Api) -> list[str]:
+    """What a reset of the API's limiter forgets (services.apis.api_limiter_reset deletes the
+    live state and every credential key's bucket; the configuration stays), with today's values
+    where Redis answers."""
+    kept = (
+        "Kept: the limits as configured on this page, the recorded throttle events, the jobs "
+        "and their calls."
+    )
+    reading = api_limiter_readings([api])[api.pk]
+    if reading.state is None:
+        return [
+            f"The limiter's state cannot be read now ({reading.error}). A reset forgets the pace, "
+            "any block, the adaptive rate and the learned limit, the in-flight leases, what is "
+            "used of each window, the limiter's counts and every credential key's bucket.",
+            kept,
+        ]
+    state = reading.state
+    lines = [
+        f"The pace is forgotten: the next calls may go at once, up to the burst of {state.burst}."
+    ]
+    if state.windows:
+        limits = "; ".join(window_text(window) for window in state.windows)
+        lines.append(f"Every other limit starts full again; now: {limits}.")
+    if state.blocked_for:
+        lines.append(f"The block is lifted: {blocked_text(state)}.")
+    else:
+        lines.append("There is no block now; none is kept.")
+    ceiling = per_period_text(state.rate, state.period)
+    if state.adaptive and state.current_rate < state.rate:
+        lines.append(
+            "The adaptive rate goes back to the ceiling: from "
+            f"{per_period_text(state.current_rate, state.period)} to {ceiling}."
+        )
+    elif state.adaptive:
+        lines.append(f"The adaptive rate is already at the ceiling, {ceiling}.")
+    if state.adaptive and state.learned_rate is not None:
+        lines.append(
+            f"The learned limit, {per_period_text(state.learned_rate, state.period)}, is "
+            "forgotten; the limiter learns it again from the next 429s."
+        )
+    elif state.adaptive:
+        lines.append("No limit was learned yet: nothing to forget there.")
+    if not state.in_flight:
+        lines.append("No call holds an in-flight lease now.")
+    else:
+        lines.append(
+            f"The {state.in_flight} in-flight lease(s) are dropped: calls on the wire now "
+            "finish, "
+            + (
+                f"but no longer count against the in-flight cap of {state.max_concurrency}."
+                if state.max_concurrency
+                else "as they would anyway (no in-flight cap)."
+            )
+        )
+    lines.append(
+        f"The limiter's counts ({state.counts.grants} grants, {state.counts.throttles} 429s so "
+        "far, as /metrics exports them) start again from zero."
+    )
+    try:
+        live_keys = api_key_buckets(api).live
+    except LimiterError:
+        lines.append("Every credential key's bucket is reset the same way.")
+    else:
+        lines.append(f"The live buckets of {live_keys} credential key(s) are reset the same way.")
+    return [*lines, kept]
+
+
+def longer_block_text(api: Api, seconds: float) -> str:
+    """A block never shortens one in place (the limiter keeps the later end): say so when the
+    API is blocked for longer already."""
+    state = api_limiter_readings([api])[api.pk].state
+    if state is not None and state.blocked_for > seconds:
+        return f"It is {blocked_text(state)} already: that longer block is kept."
+    return "A longer block already in place (a Retry-After, say) would be kept."
+
+
+def block_consequences(api: Api, seconds: float) -> list[str]:
+    """What a manual block (services.apis.api_block) does, and until when, were it confirmed
+    now."""
+    until = timezone.now() + timedelta(seconds=seconds)
+    waiting = Job.objects.filter(api=api, status__in=Job.ACTIVE).count()
+    return [
+        f"Every worker stops sending calls to “{api}” for {seconds_text(seconds)}: until "
+        f"{moment_text(until)} if you confirm now.",
+        f"{waiting} running or queued job(s) on this API wait meanwhile; calls waiting for "
+        "their slot are sent after the block, calls already on the wire finish.",
+        longer_block_text(api, seconds),
+        "The block is recorded as a throttle event (“limiter blocked”) and shown on the API's "
+        "and its jobs' pages; a reset of the limiter lifts it early.",
+    ]
 
 
 # Credential keys listed on an API's page; a search finds the others.
@@ -136,10 +265,8 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
     change_form_template = "admin/ratejobs/api/change_form.html"
     list_display = (
         "name",
-        "base_url",
+        "base_url_column",
         "limit_column",
-        "burst",
-        "max_concurrency",
         "adaptive",
         "current_rate_column",
         "blocked_column",
@@ -180,8 +307,14 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
                 )
             },
         ),
-        ("Record", {"fields": ("created", "updated")}),
+        ("Record", {"fields": ("created_clock", "updated_clock")}),
     )
+
+    created_clock = clock_column("created")
+    updated_clock = clock_column("updated")
+
+    class Media:
+        css = {"all": ("ratejobs/admin.css",)}
 
     def get_fieldsets(self, request: HttpRequest, obj: Api | None = None) -> Any:
         if self.has_change_permission(request, obj):
@@ -202,7 +335,7 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
         return ", ".join(f"{name}: {MASK}" for name in api.default_headers) or "none"
 
     def get_readonly_fields(self, request: HttpRequest, obj: Api | None = None) -> tuple:
-        fixed = ("credential_status", "default_header_names", "created", "updated")
+        fixed = ("credential_status", "default_header_names", "created_clock", "updated_clock")
         return ("name", *fixed) if obj is not None else fixed
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -214,29 +347,37 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
 
     @admin.display(description="credential")
     def credential_column(self, api: Api) -> str:
-        return credential_text(api)
+        if api.credential_encrypted:
+            return "stored (encrypted)"
+        return clipped(f"env {api.credential_env}") if api.credential_env else "none"
+
+    @admin.display(description="base URL", ordering="base_url")
+    def base_url_column(self, api: Api) -> str:
+        return clipped(api.base_url)
 
     @admin.display(description="limit", ordering="rate")
     def limit_column(self, api: Api) -> str:
         more = f" + {len(api.limits)} more" if api.limits else ""
-        return f"{api.rate:g} / {api.period:g} s{more}"
+        return f"{per_period_text(api.rate, api.period)} (burst {api.burst}){more}"
 
     @admin.display(description="rate now")
     def current_rate_column(self, api: Api) -> str:
         state = api.limiter_reading.state
-        return "?" if state is None else f"{state.current_rate:.3g}"
+        return "?" if state is None else rate_text(state.current_rate / state.period)
 
     @admin.display(description="blocked")
     def blocked_column(self, api: Api) -> str:
         state = api.limiter_reading.state
         if state is None:
             return "?"
-        return f"{state.blocked_for:.1f} s" if state.blocked_for else "—"
+        if not state.blocked_for:
+            return "—"
+        return format_html('<span class="rj-blocked">{}</span>', seconds_text(state.blocked_for))
 
     @admin.display(description="in flight")
     def in_flight_column(self, api: Api) -> str:
         state = api.limiter_reading.state
-        return "?" if state is None else str(state.in_flight)
+        return "?" if state is None else in_flight_text(state)
 
     def save_model(self, request: HttpRequest, obj: Api, form: ApiAdminForm, change: bool) -> None:
         """Through the services, so a new limit reaches the shared limiter at once."""
@@ -254,16 +395,9 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
     def get_urls(self) -> list:
         wrap = self.admin_site.admin_view
         return [
-            path(
-                "<int:api_id>/reset/",
-                wrap(require_POST(self.reset_view)),
-                name="ratejobs_api_reset",
-            ),
-            path(
-                "<int:api_id>/block/",
-                wrap(require_POST(self.block_view)),
-                name="ratejobs_api_block",
-            ),
+            # reset and block answer a GET with their confirmation page (admin.confirm)
+            path("<int:api_id>/reset/", wrap(self.reset_view), name="ratejobs_api_reset"),
+            path("<int:api_id>/block/", wrap(self.block_view), name="ratejobs_api_block"),
             path(
                 "<int:api_id>/credentials/",
                 wrap(require_POST(self.credential_save_view)),
@@ -283,11 +417,23 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
             raise PermissionDenied
         return api
 
-    def _back(self, api: Api) -> HttpResponse:
+    def _back(self, api: Api) -> HttpResponseRedirect:
         return HttpResponseRedirect(reverse("admin:ratejobs_api_change", args=[api.pk]))
 
     def reset_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
         api = self._api_for_action(request, api_id)
+        if not confirmed(request):
+            return confirmation_page(
+                request,
+                self,
+                obj=api,
+                action="Reset limiter",
+                question=f"Are you sure you want to reset the shared limiter of “{api}”? "
+                "Every worker starts again from a clean state; this cannot be undone.",
+                summary=reset_consequences(api),
+                confirm_label="Yes, reset the limiter",
+                back_url=self._back(api).url,
+            )
         try:
             keys = api_limiter_reset(api=api)
         except LimiterError as exc:
@@ -320,8 +466,9 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
 
     def block_view(self, request: HttpRequest, api_id: int) -> HttpResponse:
         api = self._api_for_action(request, api_id)
+        given = (request.POST if request.method == "POST" else request.GET).get("seconds", "")
         try:
-            seconds = float(request.POST.get("seconds", ""))
+            seconds = float(given)
             if not 0 < seconds <= MAX_MANUAL_BLOCK_SECONDS:
                 raise ValueError
         except ValueError:
@@ -332,6 +479,19 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
                 messages.ERROR,
             )
             return self._back(api)
+        if not confirmed(request):
+            return confirmation_page(
+                request,
+                self,
+                obj=api,
+                action="Block",
+                question=f"Are you sure you want to stop every worker calling “{api}” for "
+                f"{seconds_text(seconds)}?",
+                summary=block_consequences(api, seconds),
+                confirm_label=f"Yes, block it for {seconds_text(seconds)}",
+                back_url=self._back(api).url,
+                hidden=[("seconds", given)],
+            )
         try:
             api_block(api=api, seconds=seconds)
         except (LimiterError, ValidationError) as exc:
@@ -353,6 +513,9 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
             since = timezone.now() - timedelta(hours=1)
             recent = ThrottleEvent.objects.filter(api=api, created__gte=since)
             recent_events = list(recent.select_related("job").order_by("-created", "-pk")[:10])
+            for event in recent_events:  # the table's figures, with their units
+                event.retry_after_text = retry_after_text(event)
+                event.rate_change_text = rate_change_text(event, period=api.period)
             context.update(
                 can_manage=self.has_change_permission(request, api),
                 visible_job_ids={

@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 
 from django.contrib import admin
-from django.db.models import QuerySet
+from django.db.models import F, Q, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html
 
 from ratejobs.admin.access import ReadOnlyStaffAccess, sees_every_job
-from ratejobs.admin.jobs import moment_text
+from ratejobs.admin.cells import clipped, clock_column
 from ratejobs.models import Call, ThrottleEvent
-from ratejobs.selectors.jobs import CALL_LIST_DEFERRED, response_body_text, response_removed_text
+from ratejobs.selectors.jobs import (
+    CALL_LIST_DEFERRED,
+    moment_text,
+    rate_text,
+    response_body_text,
+    response_removed_text,
+    seconds_text,
+)
 
 
 def pretty_body(body: bytes | memoryview | None, *, truncated: bool) -> tuple[str, str]:
@@ -29,22 +37,60 @@ def pretty_body(body: bytes | memoryview | None, *, truncated: bool) -> tuple[st
     return ("text", text)
 
 
+def retry_after_text(event: ThrottleEvent) -> str:
+    """How long the event stopped the workers: a Retry-After, or a block's length."""
+    return "—" if event.retry_after is None else seconds_text(event.retry_after)
+
+
+def rate_change_text(event: ThrottleEvent, *, period: float) -> str:
+    """The adaptive rate's cut, per second whatever the API's period (its limiter counts
+    requests per period): "20.0/s → 14.0/s"."""
+    if event.rate_before is None or event.rate_after is None:
+        return "—"
+    period = period or 1.0
+    return f"{rate_text(event.rate_before / period)} → {rate_text(event.rate_after / period)}"
+
+
+class CallOutcomeFilter(admin.SimpleListFilter):
+    """How calls ended, and those that met the API's limits on the way (a status alone does
+    not say a succeeded call was throttled or retried first)."""
+
+    title = "outcome"
+    parameter_name = "outcome"
+    OUTCOMES = {
+        "succeeded": ("succeeded", Q(status=Call.Status.SUCCEEDED)),
+        "failed": ("failed", Q(status=Call.Status.FAILED)),
+        "cancelled": ("cancelled", Q(status=Call.Status.CANCELLED)),
+        "unfinished": (
+            "not finished yet",
+            Q(status__in=(Call.Status.PENDING, Call.Status.RUNNING)),
+        ),
+        "throttled": ("throttled (429) at least once", Q(throttled_count__gt=0)),
+        "retried": ("sent more than once", Q(attempts__gt=1)),
+    }
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        return [(key, label) for key, (label, _) in self.OUTCOMES.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Call]) -> QuerySet[Call]:
+        chosen = self.OUTCOMES.get(self.value() or "")
+        return queryset if chosen is None else queryset.filter(chosen[1])
+
+
 @admin.register(Call)
 class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
     list_display = (
-        "index",
-        "job",
-        "method",
-        "path",
+        "call_column",
+        "request_column",
         "status",
-        "status_code",
-        "attempts",
-        "throttled_count",
-        "duration",
-        "finished",
+        "status_code_column",
+        "attempts_column",
+        "throttled_column",
+        "duration_column",
+        "finished_clock",
     )
-    list_display_links = ("index",)
-    list_filter = ("status", "method", "job__api")
+    list_display_links = ("call_column",)
+    list_filter = (CallOutcomeFilter, "method", "job__api")
     search_fields = ("path",)
     list_select_related = ("job",)
     list_per_page = 100
@@ -61,7 +107,7 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
             {
                 "fields": (
                     "status_code",
-                    "duration",
+                    "duration_text",
                     "cost",
                     "cost_used",
                     "response_headers",
@@ -75,10 +121,10 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
                 "fields": (
                     "attempts",
                     "throttled_count",
-                    "next_attempt_at",
-                    "created",
-                    "started",
-                    "finished",
+                    "next_attempt_clock",
+                    "created_clock",
+                    "started_clock",
+                    "finished_clock",
                 )
             },
         ),
@@ -95,6 +141,40 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
         if request.resolver_match and request.resolver_match.url_name.endswith("changelist"):
             calls = calls.defer(*CALL_LIST_DEFERRED, "response_body")
         return calls
+
+    @admin.display(description="call", ordering="index")
+    def call_column(self, call: Call) -> str:
+        """The call as the job page names it: the job's name and the call's index in it."""
+        return format_html("{} #{}", clipped(call.job.name), call.index)
+
+    @admin.display(description="request", ordering="path")
+    def request_column(self, call: Call) -> str:
+        return format_html("{} {}", call.method, clipped(call.path))
+
+    @admin.display(description="tries", ordering="attempts")
+    def attempts_column(self, call: Call) -> int:
+        return call.attempts
+
+    @admin.display(description="HTTP", ordering="status_code")
+    def status_code_column(self, call: Call) -> str:
+        return str(call.status_code) if call.status_code else "—"
+
+    @admin.display(description="429s", ordering="throttled_count")
+    def throttled_column(self, call: Call) -> int:
+        return call.throttled_count
+
+    @admin.display(description="took", ordering="duration")
+    def duration_column(self, call: Call) -> str:
+        return seconds_text(call.duration)
+
+    created_clock = clock_column("created")
+    started_clock = clock_column("started")
+    finished_clock = clock_column("finished")
+    next_attempt_clock = clock_column("next_attempt_at", "next attempt at")
+
+    @admin.display(description="duration of the last request")
+    def duration_text(self, call: Call) -> str:
+        return seconds_text(call.duration)
 
     @admin.display(description="credential key")
     def sent_with_key(self, call: Call) -> str:
@@ -132,15 +212,14 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
 @admin.register(ThrottleEvent)
 class ThrottleEventAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
     list_display = (
-        "created",
+        "created_clock",
         "kind",
-        "api",
-        "job",
+        "api_column",
+        "job_column",
         "call_link",
-        "status_code",
-        "retry_after",
-        "rate_before",
-        "rate_after",
+        "status_code_column",
+        "retry_after_column",
+        "rate_change_column",
     )
     list_filter = ("kind", "api", "created")
     date_hierarchy = "created"
@@ -148,13 +227,48 @@ class ThrottleEventAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
     list_per_page = 100
     show_full_result_count = False
     search_fields = ("api__name", "job__name")
+    fields = (
+        "created_clock", "kind", "api", "job", "call", "status_code", "retry_after_column",
+        "rate_change_column",
+    )  # fmt: skip
+    readonly_fields = fields
+
+    class Media:
+        css = {"all": ("ratejobs/admin.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ThrottleEvent]:
         events = super().get_queryset(request)
         if not sees_every_job(request):
             events = events.filter(job__owner=request.user)
-        return events
+        # the call's index only: a call row carries its response body (up to 1 MiB)
+        return events.annotate(call_index=F("call__index"))
 
-    @admin.display(description="call")
+    created_clock = clock_column("created", "time")
+
+    @admin.display(description="API", ordering="api__name")
+    def api_column(self, event: ThrottleEvent) -> str:
+        return clipped(event.api.name)
+
+    @admin.display(description="job", ordering="job__name")
+    def job_column(self, event: ThrottleEvent) -> str:
+        return "—" if event.job is None else clipped(event.job.name)
+
+    @admin.display(description="call", ordering="call__index")
     def call_link(self, event: ThrottleEvent) -> str:
-        return f"#{event.call_id}" if event.call_id else "—"
+        """The call by its index in the job, as the job page numbers it."""
+        if event.call_id is None:
+            return "—"
+        url = reverse("admin:ratejobs_call_change", args=[event.call_id])
+        return format_html('<a href="{}">#{}</a>', url, event.call_index)
+
+    @admin.display(description="HTTP", ordering="status_code")
+    def status_code_column(self, event: ThrottleEvent) -> str:
+        return str(event.status_code) if event.status_code else "—"
+
+    @admin.display(description="Retry-After / block", ordering="retry_after")
+    def retry_after_column(self, event: ThrottleEvent) -> str:
+        return retry_after_text(event)
+
+    @admin.display(description="rate before → after", ordering="rate_after")
+    def rate_change_column(self, event: ThrottleEvent) -> str:
+        return rate_change_text(event, period=event.api.period)

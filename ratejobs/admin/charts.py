@@ -1,97 +1,242 @@
-"""A job's calls/s and 429s as a small server-rendered SVG: no chart library, no CDN."""
+"""A job's chart as a small server-rendered SVG (no chart library, no CDN): calls/s per bucket,
+the rate the limiter granted, its ceiling, the spans when the API was blocked, and the 429s."""
 
 from __future__ import annotations
+
+import math
+from datetime import timedelta
 
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ratejobs.selectors.jobs import Timeline
+from ratejobs.selectors.job_limiter import JobChart
+from ratejobs.selectors.jobs import clock_text, duration_text, rate_text
 
-WIDTH, HEIGHT = 720, 180
-LEFT, RIGHT, TOP, BOTTOM = 48, 12, 14, 26
+WIDTH, HEIGHT = 720, 230
+LEFT, RIGHT, TOP, BOTTOM = 52, 14, 30, 38
+PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
+# An axis reads best with a handful of round ticks.
+MAX_Y_TICKS, MAX_X_TICKS = 5, 6
+# Half the width of "14:03:27" at the ticks' font size.
+CLOCK_LABEL_HALF_WIDTH = 24
+# Steps between time ticks, in seconds: clock-like values only.
+TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200)
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds < 120:
-        return f"{seconds} s"
-    if seconds < 7200:
-        return f"{seconds // 60} min"
-    return f"{seconds / 3600:.1f} h"
+def nice_ticks(top: float, most: int = MAX_Y_TICKS) -> list[float]:
+    """0 and round values (1, 2, 2.5 or 5 times a power of ten) up to at least `top`, at most
+    `most` in all."""
+    top = max(top, 1e-9)
+    for exponent in range(math.floor(math.log10(top / most)) - 1, 40):
+        for mantissa in (1, 2, 2.5, 5):
+            step = mantissa * 10.0**exponent
+            count = math.ceil(top / step - 1e-9)
+            if count + 1 <= most:
+                return [round(step * i, 10) for i in range(max(count, 1) + 1)]
+    return [0.0, top]
 
 
-def timeline_svg(timeline: Timeline | None) -> SafeString:
-    """Bars of calls/s per bucket, red marks where 429s came back, and the API's limit as a
-    dashed line, so a job running at its limit shows bars touching the line."""
-    if timeline is None:
+def _time_step(span: float) -> int:
+    return next((step for step in TIME_STEPS if span / step <= MAX_X_TICKS), TIME_STEPS[-1])
+
+
+def _tick_label(value: float) -> str:
+    return f"{value:g}/s"  # round values by nice_ticks: "0.25/s", "20/s"
+
+
+def job_chart_svg(chart: JobChart | None) -> SafeString:
+    """Bars of calls/s per bucket under a y-axis in calls/s; the granted rate as a stepped
+    line and the API's ceiling as a faint dashed one, so a job running at its limit shows bars
+    touching the line; shaded spans while every call of the API waited out a block; red marks
+    under the bars where 429s came back; clock times along the x-axis; and a legend."""
+    if chart is None:
         return format_html('<p class="rj-chart-empty">{}</p>', "Not started yet.")
-    buckets = len(timeline.calls_per_second)
-    top = max(max(timeline.calls_per_second, default=0.0), timeline.limit_per_second) * 1.1 or 1.0
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    bar_w = plot_w / buckets
+    timeline = chart.timeline
+    rates = timeline.calls_per_second
+    highest = max(
+        max(rates, default=0.0),
+        chart.ceiling_per_second,
+        max((rate for _, rate in chart.rate_steps), default=0.0),
+    )
+    y_ticks = nice_ticks(highest * 1.05)  # headroom: the highest bar or line stays off the top
+    top = y_ticks[-1] or 1.0
+    span = max(chart.span_seconds, 1.0)
+    bar_w = PLOT_W / max(len(rates), 1)
+    bottom = TOP + PLOT_H
+
+    def x(seconds: float) -> float:
+        return LEFT + seconds / span * PLOT_W
 
     def y(value: float) -> float:
-        return TOP + plot_h - value / top * plot_h
+        return bottom - value / top * PLOT_H
 
+    def bucket_text(i: int) -> str:
+        return clock_text(chart.start + timedelta(seconds=i * timeline.bucket_seconds))
+
+    grid = format_html_join(
+        "",
+        '<line class="rj-grid" x1="{}" y1="{}" x2="{}" y2="{}"/>'
+        '<text class="rj-tick" x="{}" y="{}" text-anchor="end" dy="3">{}</text>',
+        (
+            (
+                LEFT,
+                f"{y(v):.1f}",
+                WIDTH - RIGHT,
+                f"{y(v):.1f}",
+                LEFT - 5,
+                f"{y(v):.1f}",
+                _tick_label(v),
+            )
+            for v in y_ticks
+        ),
+    )
+    step = _time_step(span)
+    x_ticks = format_html_join(
+        "",
+        '<line class="rj-axis" x1="{x}" y1="{b}" x2="{x}" y2="{b4}"/>'
+        '<text class="rj-tick" x="{x}" y="{ly}" text-anchor="{anchor}">{label}</text>',
+        (
+            {
+                "x": f"{x(s):.1f}",
+                "b": bottom,
+                "b4": bottom + 4,
+                "ly": bottom + 22,
+                "label": clock_text(chart.start + timedelta(seconds=s)),
+                # a label centred on the last tick would run off the chart's right edge
+                "anchor": "end" if x(s) > WIDTH - RIGHT - CLOCK_LABEL_HALF_WIDTH else "middle",
+            }
+            for s in range(0, int(span) + 1, step)
+        ),
+    )
+    blocks = format_html_join(
+        "",
+        '<rect class="rj-block" x="{}" y="{}" width="{}" height="{}"><title>{}</title></rect>',
+        (
+            (
+                f"{x(block.start):.1f}",
+                TOP,
+                f"{max(x(block.end) - x(block.start), 1.0):.1f}",
+                PLOT_H,
+                block.title,
+            )
+            for block in chart.blocks
+        ),
+    )
     bars = format_html_join(
         "",
-        '<rect class="rj-bar" x="{}" y="{}" width="{}" height="{}">'
-        "<title>{}: {} calls/s</title></rect>",
+        '<rect class="rj-bar" x="{}" y="{}" width="{}" height="{}"><title>{}: {}</title></rect>',
         (
             (
                 f"{LEFT + i * bar_w:.1f}",
                 f"{y(rate):.1f}",
                 f"{max(bar_w - 1, 0.5):.1f}",
-                f"{TOP + plot_h - y(rate):.1f}",
-                f"+{_duration(i * timeline.bucket_seconds)}",
-                f"{rate:.1f}",
+                f"{bottom - y(rate):.1f}",
+                bucket_text(i),
+                f"{rate_text(rate)} finished"
+                + (
+                    f" (average over {timeline.bucket_seconds} s)"
+                    if timeline.bucket_seconds > 1
+                    else ""
+                ),
             )
-            for i, rate in enumerate(timeline.calls_per_second)
+            for i, rate in enumerate(rates)
+            if rate > 0
         ),
     )
     throttles = format_html_join(
         "",
         '<rect class="rj-429" x="{}" y="{}" width="{}" height="6">'
-        "<title>+{}: {} × 429</title></rect>",
+        "<title>{}: {} × 429</title></rect>",
         (
-            (
-                f"{LEFT + i * bar_w:.1f}",
-                TOP + plot_h + 2,
-                f"{max(bar_w - 1, 0.5):.1f}",
-                _duration(i * timeline.bucket_seconds),
-                count,
-            )
-            for i, count in enumerate(timeline.throttled)
-            if count
+            (f"{LEFT + i * bar_w:.1f}", bottom + 2, f"{max(bar_w - 1, 0.5):.1f}", bucket_text(i), n)
+            for i, n in enumerate(timeline.throttled)
+            if n
         ),
     )
-    limit_y = y(timeline.limit_per_second)
-    span = buckets * timeline.bucket_seconds
+    ceiling_y = f"{y(chart.ceiling_per_second):.1f}"
+    ceiling = format_html(
+        '<line class="rj-ceiling" x1="{l}" y1="{y}" x2="{r}" y2="{y}">'
+        "<title>configured ceiling: {rate}</title></line>"
+        '<text class="rj-ceiling-label" x="{r}" y="{y}" dy="-3" text-anchor="end">'
+        "ceiling {rate}</text>",
+        l=LEFT,
+        r=WIDTH - RIGHT,
+        y=ceiling_y,
+        rate=rate_text(chart.ceiling_per_second),
+    )
+    rate_line = ""
+    if chart.adaptive and chart.rate_steps:
+        last_at, last_rate = chart.rate_steps[-1]
+        points = []
+        previous = None
+        for seconds, rate in chart.rate_steps:
+            if previous is not None:
+                points.append(f"{x(seconds):.1f},{y(previous):.1f}")
+            points.append(f"{x(seconds):.1f},{y(rate):.1f}")
+            previous = rate
+        rate_line = format_html(
+            '<polyline class="rj-rate" points="{}"><title>{}: {} at {}</title></polyline>',
+            " ".join(points),
+            chart.rate_source,
+            rate_text(last_rate),
+            clock_text(chart.start + timedelta(seconds=last_at)),
+        )
+    legend = _legend(chart)
     return format_html(
         '<svg class="rj-chart" viewBox="0 0 {w} {h}" width="100%" role="img" '
-        'aria-label="calls per second and 429s over time" xmlns="http://www.w3.org/2000/svg">'
+        'aria-label="calls per second, the granted rate, blocks and 429s over time" '
+        'xmlns="http://www.w3.org/2000/svg">'
+        "{blocks}{grid}"
         '<line class="rj-axis" x1="{l}" y1="{b}" x2="{r}" y2="{b}"/>'
         '<line class="rj-axis" x1="{l}" y1="{t}" x2="{l}" y2="{b}"/>'
-        "{bars}{throttles}"
-        '<line class="rj-limit" x1="{l}" y1="{ly}" x2="{r}" y2="{ly}">'
-        "<title>API limit: {limit} calls/s</title></line>"
-        '<text x="{tl}" y="{ly}" text-anchor="end" dy="4">{limit}/s</text>'
-        '<text x="{tl}" y="{b}" text-anchor="end">0</text>'
-        '<text x="{l}" y="{label_y}">start</text>'
-        '<text x="{r}" y="{label_y}" text-anchor="end">+{span} ({bucket} s buckets)</text>'
-        "</svg>",
+        "{bars}{ceiling}{rate_line}{throttles}{x_ticks}"
+        '<text class="rj-tick" x="{r}" y="{note_y}" text-anchor="end">{note}</text>'
+        "{legend}</svg>",
         w=WIDTH,
         h=HEIGHT,
         l=LEFT,
         r=WIDTH - RIGHT,
         t=TOP,
-        b=TOP + plot_h,
-        tl=LEFT - 4,
+        b=bottom,
+        blocks=blocks,
+        grid=grid,
         bars=bars,
+        ceiling=ceiling,
+        rate_line=rate_line,
         throttles=throttles,
-        ly=f"{limit_y:.1f}",
-        limit=f"{timeline.limit_per_second:.3g}",
-        label_y=HEIGHT - 4,
-        span=_duration(span),
-        bucket=timeline.bucket_seconds,
+        x_ticks=x_ticks,
+        note_y=HEIGHT - 2,
+        note=f"{duration_text(span)} in {timeline.bucket_seconds} s buckets",
+        legend=legend,
+    )
+
+
+# Legend entries: (CSS class of the swatch, how it is drawn, text).
+_SWATCH = {
+    "bar": '<rect class="rj-bar" x="{x}" y="6" width="10" height="10"/>',
+    "line": '<line class="{cls}" x1="{x}" y1="11" x2="{x2}" y2="11"/>',
+    "block": '<rect class="rj-block" x="{x}" y="6" width="10" height="10"/>',
+    "429": '<rect class="rj-429" x="{x}" y="8" width="10" height="6"/>',
+}
+
+
+def _legend(chart: JobChart) -> SafeString:
+    entries = [("bar", "", "calls/s finished")]
+    if chart.adaptive and chart.rate_steps:
+        entries.append(("line", "rj-rate", chart.rate_source))
+    entries.append(("line", "rj-ceiling", "ceiling"))
+    entries.append(("block", "", "API blocked"))
+    entries.append(("429", "", "429s"))
+    parts = []
+    at = LEFT
+    for kind, cls, text in entries:
+        parts.append((format_html(_SWATCH[kind], x=at, x2=at + 14, cls=cls), at + 18, text))
+        at += 24 + 6 * len(text)
+    return format_html(
+        '<g class="rj-legend">{}</g>',
+        format_html_join(
+            "",
+            '<g class="rj-legend-item">{}<text class="rj-tick" x="{}" y="15">{}</text></g>',
+            parts,
+        ),
     )

@@ -8,13 +8,29 @@ from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.template.defaultfilters import filesizeformat
 
 from ratejobs.execution.urls import ALLOWED_METHODS
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import CREDENTIAL_KEY_MESSAGE, CREDENTIAL_KEY_PATTERN, MAX_PRIORITY, Api
 from ratejobs.permissions import apis_open_to
 from ratejobs.services.apis import WINDOW_FIELDS, api_validate
-from ratejobs.uploads import NumberedCalls, calls_from_template, calls_from_upload
+from ratejobs.uploads import (
+    KEPT_UPLOAD_MAX_BYTES,
+    KeptUpload,
+    NumberedCalls,
+    calls_from_template,
+    calls_from_upload,
+    upload_forget,
+    upload_keep,
+    upload_kept,
+)
+
+# The form's data naming the file kept from the last try (see uploads.upload_keep), and the
+# box that says not to use it.
+KEPT_UPLOAD_FIELD = "kept_upload"
+DROP_KEPT_UPLOAD_FIELD = "kept_upload_drop"
 
 
 class JobSubmitForm(forms.Form):
@@ -55,9 +71,8 @@ class JobSubmitForm(forms.Form):
     calls_file = forms.FileField(
         required=False,
         label="Calls file",
-        help_text="CSV with a header row (method, path, query, headers, json, body, cost, "
-        "credential_key) or JSONL, one call per line; cost: the call's estimated cost in the "
-        "API's cost windows (tokens)",
+        help_text="CSV with a header row naming its columns, one call per row, or JSONL, one "
+        "call (a JSON object) per line: the columns are below",
     )
     method = forms.ChoiceField(
         choices=[(m, m) for m in sorted(ALLOWED_METHODS)], initial="GET", required=False
@@ -84,9 +99,14 @@ class JobSubmitForm(forms.Form):
     def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["api"].queryset = apis_open_to(user).order_by("name")
+        self.user = user
+        self.kept: KeptUpload | None = None  # the file of the last try, used in this one
+        self.not_kept = ""  # why the file of this try will not be there for the next one
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
+        if not data.get("calls_file") and not self._use_kept_upload(data):
+            return data
         has_file = bool(data.get("calls_file"))
         has_template = bool(data.get("path_template") or data.get("values"))
         if has_file == has_template:
@@ -98,6 +118,46 @@ class JobSubmitForm(forms.Form):
         if has_template and not (data.get("path_template") and data.get("values")):
             raise forms.ValidationError("A path template needs values, one per line.")
         return data
+
+    def _use_kept_upload(self, data: dict[str, Any]) -> bool:
+        """Take the file kept from the last try as this one's, unless the box says not to;
+        False when it has expired (an error says so)."""
+        token = self.data.get(KEPT_UPLOAD_FIELD, "")
+        if not token:
+            return True
+        if self.data.get(DROP_KEPT_UPLOAD_FIELD):
+            upload_forget(user=self.user, token=token)
+            return True
+        kept = upload_kept(user=self.user, token=token)
+        if kept is None:
+            self.add_error(
+                "calls_file",
+                "The file of your last try is kept for an hour only, and is gone: choose it again.",
+            )
+            return False
+        self.kept = kept
+        data["calls_file"] = SimpleUploadedFile(kept.name, kept.content)
+        return True
+
+    def keep_upload_for_next_try(self) -> None:
+        """After a refused try: keep its newly chosen file (replacing the one kept before), so
+        the page can offer it again; the browser has emptied its file input."""
+        upload = self.files.get("calls_file")
+        if upload is None:
+            return  # the file kept before (self.kept), if any, is offered again
+        upload_forget(user=self.user, token=self.data.get(KEPT_UPLOAD_FIELD, ""))
+        self.kept = upload_keep(user=self.user, name=upload.name, stream=upload, size=upload.size)
+        if self.kept is None:
+            self.not_kept = (
+                f"{upload.name} ({filesizeformat(upload.size)}) is larger than "
+                f"{filesizeformat(KEPT_UPLOAD_MAX_BYTES)} and is not kept between tries: "
+                "choose it again."
+            )
+
+    def forget_kept_upload(self) -> None:
+        """After the job was made from it."""
+        if self.kept is not None:
+            upload_forget(user=self.user, token=self.kept.token)
 
     def call_specs(self) -> NumberedCalls:
         """The calls, read lazily (a 100,000-row file is never held whole in memory); an

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
@@ -10,7 +9,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.db.models import F, FloatField, QuerySet
 from django.db.models.functions import Cast, Greatest
 from django.http import (
@@ -18,42 +17,58 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
+    HttpResponseNotAllowed,
     HttpResponseRedirect,
     JsonResponse,
 )
 from django.shortcuts import get_object_or_404
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.formats import date_format
 from django.utils.html import format_html
-from django.utils.timezone import localtime
-from django.views.decorators.http import require_POST
 
 from ratejobs.admin.access import StaffAccess, sees_every_job
-from ratejobs.admin.charts import timeline_svg
+from ratejobs.admin.cells import clock_column
+from ratejobs.admin.charts import job_chart_svg
+from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import JobSubmitForm
-from ratejobs.models import Job
+from ratejobs.models import Call, Job, ThrottleEvent
+from ratejobs.selectors.job_limiter import job_block_notice, job_chart
 from ratejobs.selectors.jobs import (
+    OUTCOME_LABELS,
+    STORY_MAX_EVENTS,
+    call_indexes,
     duration_text,
     failed_call_sample,
+    job_average_rate,
+    job_done_text,
+    job_duration_seconds,
     job_eta_seconds,
+    job_filter_by_outcome,
+    job_is_final,
+    job_outcome,
     job_paces,
-    job_timeline,
-    throttle_event_list_for_job,
+    job_ran,
+    moment_text,
+    rate_text,
+    seconds_text,
+    throttle_event_story_for_job,
+    throttle_event_story_since,
+    throttle_event_text,
 )
 from ratejobs.selectors.results import RESULTS_FORMATS, job_results_response
 from ratejobs.services.jobs import (
     JOB_ACTIONS,
-    CallsInvalid,
     JobActionRefused,
     job_act,
+    job_action_refusal,
     job_actions_allowed,
-    job_create,
 )
 from ratejobs.services.retention import JobPurgeRefused, job_purge_refusal, job_purge_request
-from ratejobs.uploads import UploadError
+from ratejobs.uploads import CALL_COLUMNS, UploadError, job_submit_from_file
 
 EVENTS_PER_PAGE = 20
+EventRows = list[tuple[ThrottleEvent, str, int | None]]
 # What the operator reads once an action went through.
 ACTION_DONE = {
     "pause": "paused; no new call starts until it is resumed",
@@ -61,47 +76,126 @@ ACTION_DONE = {
     "cancel": "cancelled; calls not yet started will not be sent",
     "retry-failed": "failed calls queued again",
 }
+# Actions that cannot be taken back: their URL answers a GET, or a POST without post=yes, with
+# an "Are you sure?" page (admin.confirm). Pause, resume and retry are undone by another click.
+ACTIONS_CONFIRMED = ("cancel",)
 
 
-def moment_text(moment: datetime | None) -> str:
-    """A time as the admin shows it elsewhere (local time, the locale's format)."""
-    return "—" if moment is None else date_format(localtime(moment), "DATETIME_FORMAT")
+def cancel_consequences(job: Job) -> list[str]:
+    """What cancelling the job does to its calls (services.jobs.job_cancel), counted now."""
+    running = job.calls.filter(status=Call.Status.RUNNING).count()
+    not_started = max(0, job.total - job.done - running)
+    lines = [
+        f"{not_started} of its {job.total} calls not yet sent (or waiting for a retry) are "
+        "cancelled: they will not be sent.",
+        f"{running} call(s) on the wire now finish, and their outcomes are recorded.",
+        f"Kept: the {job.succeeded} succeeded and {job.failed} failed calls so far, their "
+        "responses and the results files.",
+    ]
+    if job.callback_url:
+        lines.append(f"The job's callback is sent to {job.callback_url}, saying “cancelled”.")
+    return lines
+
+
+def progress_shares(job: Job) -> tuple[float, float]:
+    """Percent of the job's calls that ran (succeeded or failed; 100 for a job of none), and
+    percent cancelled before they were sent."""
+    if not job.total:
+        return 100.0, 0.0
+    return 100.0 * job_ran(job) / job.total, 100.0 * job.cancelled / job.total
 
 
 def progress_bar(job: Job) -> str:
-    percent = job.progress * 100
+    """The calls that ran, coloured by how the job stands (green only when every call
+    succeeded, amber with failures, red when all failed, grey when cancelled), and those
+    cancelled unsent as a grey stretch after them."""
+    outcome = job_outcome(job)
+    ran, cancelled = progress_shares(job)
     return format_html(
         '<div class="rj-progress" role="progressbar" aria-valuenow="{}" aria-valuemin="0" '
-        'aria-valuemax="100" data-status="{}"><div class="rj-progress-fill" style="width: {}%">'
-        '</div><span class="rj-progress-text">{}%</span></div>',
-        f"{percent:.0f}",
-        job.status,
-        f"{percent:.1f}",
-        f"{int(percent)}",
+        'aria-valuemax="100" data-outcome="{}" title="{}: {}">'
+        '<div class="rj-progress-fill" style="width: {}%"></div>'
+        '<div class="rj-progress-cancelled" style="width: {}%"></div>'
+        '<span class="rj-progress-text">{}%</span></div>',
+        f"{ran:.0f}",
+        outcome.key,
+        outcome.label,
+        job_done_text(job),
+        f"{ran:.1f}",
+        f"{cancelled:.1f}",
+        f"{int(ran)}",
     )
 
 
 def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
-    """What the job page polls for while the job runs."""
+    """What the job page polls for while the job runs. A finished job's pace is its average
+    rate over its run: the last minute's would decay to nothing after the end."""
+    outcome = job_outcome(job)
+    final = job_is_final(job)
+    average = job_average_rate(job)
+    notice = job_block_notice(job)
+    ran, cancelled = progress_shares(job)
     return {
         "id": job.pk,
         "status": job.status,
-        "status_display": job.get_status_display(),
+        "outcome": outcome.key,
+        "status_display": outcome.label,
         "total": job.total,
         "done": job.done,
+        "done_text": job_done_text(job),
         "succeeded": job.succeeded,
         "failed": job.failed,
         "cancelled": job.cancelled,
         "throttled": job.throttled,
         "retries": job.retries,
         "progress": round(job.progress * 100, 1),
-        "pace": round(pace, 2),
+        "ran_percent": round(ran, 1),
+        "cancelled_percent": round(cancelled, 1),
+        "pace": round(average if final and average is not None else pace, 2),
+        "pace_text": rate_text(average if final else pace) if job.started else "—",
+        "average_rate": rate_text(average),
+        "duration": seconds_text(job_duration_seconds(job)),
         "eta": duration_text(job_eta_seconds(job, pace)),
         "started": moment_text(job.started),
         "finished": moment_text(job.finished),
         "actions": job_actions_allowed(job),
-        "final": job.status in (Job.Status.CANCELLED, Job.Status.COMPLETED),
+        "final": final,
+        "blocked": None if notice is None else notice.as_json(),
     }
+
+
+def job_events_page(job: Job, number: str | int | None = 1) -> tuple[Page, EventRows]:
+    """A page of the job's throttle events (throttle_event_story_for_job), and its rows: each
+    event with what happened in words and the index of its call in the job."""
+    page = Paginator(throttle_event_story_for_job(job), EVENTS_PER_PAGE).get_page(number)
+    period, indexes = job.api.period, call_indexes(page)
+    return page, [
+        (event, throttle_event_text(event, period=period), indexes.get(event.call_id))
+        for event in page
+    ]
+
+
+def events_rows_html(rows: EventRows) -> str:
+    return render_to_string("admin/ratejobs/job/_event_rows.html", {"throttle_event_rows": rows})
+
+
+def failed_calls_html(job: Job) -> str:
+    context = {"failed_calls": failed_call_sample(job), "job_id": job.pk}
+    return render_to_string("admin/ratejobs/job/_failed_calls.html", context)
+
+
+class OutcomeFilter(admin.SimpleListFilter):
+    """Jobs by how they stand or ended (job_outcome), finer than their status."""
+
+    title = "outcome"
+    parameter_name = "outcome"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        return list(OUTCOME_LABELS.items())
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        key = self.value()
+        return queryset if key not in OUTCOME_LABELS else job_filter_by_outcome(queryset, key)
 
 
 class JobChangeList(ChangeList):
@@ -122,17 +216,17 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         "name",
         "api",
         "owner",
-        "status",
+        "status_column",
         "progress_column",
         "succeeded",
         "failed",
         "throttled_column",
         "pace_column",
         "eta_column",
-        "created",
+        "created_clock",
     )
     list_display_links = ("name",)
-    list_filter = ("status", "api", ("owner", admin.RelatedOnlyFieldListFilter))
+    list_filter = (OutcomeFilter, "api", ("owner", admin.RelatedOnlyFieldListFilter))
     search_fields = ("name", "api__name", "owner__username")
     date_hierarchy = "created"
     list_per_page = 100
@@ -141,8 +235,15 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     change_form_template = "admin/ratejobs/job/change_form.html"
     actions = ["purge_selected"]
     # Status, counters and timings live in the progress box above, which keeps itself current.
+    # Times to the second (Django's own rendering shows the minute only).
+    created_clock = clock_column("created")
+    not_before_clock = clock_column("not_before", "not before")
+    deadline_clock = clock_column("deadline")
+    callback_next_attempt_clock = clock_column("callback_next_attempt_at", "callback next attempt")
+    callback_delivered_clock = clock_column("callback_delivered_at", "callback delivered")
     readonly_fields = (
-        "name", "api", "credential_key", "owner", "priority", "created", "not_before", "deadline",
+        "name", "api", "credential_key", "owner", "priority", "created_clock", "not_before_clock",
+        "deadline_clock",
     )  # fmt: skip
     fields = readonly_fields
     # The delivery of the job's callback (services.callbacks), under the job's own fields.
@@ -151,8 +252,8 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         "callback_status",
         "callback_attempts",
         "callback_last_error",
-        "callback_next_attempt_at",
-        "callback_delivered_at",
+        "callback_next_attempt_clock",
+        "callback_delivered_clock",
     )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> tuple:
@@ -185,7 +286,12 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     def get_list_filter(self, request: HttpRequest) -> Any:
         if sees_every_job(request):
             return self.list_filter
-        return ("status", "api")
+        return (OutcomeFilter, "api")
+
+    @admin.display(description="status", ordering="status")
+    def status_column(self, job: Job) -> str:
+        outcome = job_outcome(job)
+        return format_html('<span class="rj-outcome" data-outcome="{}">{}</span>', *outcome)
 
     @admin.display(
         description="progress",
@@ -201,8 +307,12 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
 
     @admin.display(description="pace")
     def pace_column(self, job: Job) -> str:
-        pace = getattr(job, "pace", 0.0)
-        return f"{pace:.1f}/s" if job.started else "—"
+        """The last minute's pace while the job may still run; a finished one's average."""
+        if job.started is None:
+            return "—"
+        if job_is_final(job):
+            return f"{rate_text(job_average_rate(job))} (average)"
+        return rate_text(getattr(job, "pace", 0.0))
 
     @admin.display(description="ETA")
     def eta_column(self, job: Job) -> str:
@@ -216,19 +326,22 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         if not self.has_add_permission(request):
             raise PermissionDenied
         form = JobSubmitForm(request.POST or None, request.FILES or None, user=request.user)
-        if request.method == "POST" and form.is_valid():
-            job = self._submit(request, form)
+        if request.method == "POST":
+            job = self._submit(request, form) if form.is_valid() else None
             if job is not None:
+                form.forget_kept_upload()
                 self.message_user(
                     request, f"Job “{job.name}” submitted with {job.total} calls.", messages.SUCCESS
                 )
                 return HttpResponseRedirect(reverse("admin:ratejobs_job_change", args=[job.pk]))
+            form.keep_upload_for_next_try()
         context = {
             **self.admin_site.each_context(request),
             "title": "Submit a job",
             "form": form,
             "opts": self.model._meta,
             "has_view_permission": True,
+            "call_columns": CALL_COLUMNS,
         }
         return TemplateResponse(request, "admin/ratejobs/job/submit.html", context)
 
@@ -236,8 +349,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         data = form.cleaned_data
         source = "calls_file" if data.get("calls_file") else "values"
         try:
-            calls = form.call_specs()
-            return job_create(
+            job, _ = job_submit_from_file(
                 owner=request.user,
                 api=data["api"],
                 name=data["name"],
@@ -246,12 +358,11 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
                 deadline=data.get("deadline"),
                 callback_url=data.get("callback_url") or "",
                 credential_key=data.get("credential_key") or "",
-                calls=calls,
+                calls=form.call_specs(),
             )
-        except UploadError as exc:
-            form.add_error(source, str(exc))
-        except CallsInvalid as exc:  # by line of the file or of the values, not call index
-            for message in calls.error_messages(exc):
+            return job
+        except UploadError as exc:  # every bad line, by line of the file or of the values
+            for message in exc.messages():
                 form.add_error(source, message)
         except ValidationError as exc:
             errors = exc.message_dict if hasattr(exc, "error_dict") else {None: exc.messages}
@@ -272,7 +383,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
             ),
             path(
                 "<int:job_id>/act/<str:action>/",
-                wrap(require_POST(self.action_view)),
+                wrap(self.action_view),  # a GET shows a confirmation (ACTIONS_CONFIRMED)
                 name="ratejobs_job_act",
             ),
             path(
@@ -290,7 +401,13 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         job = self._job_for(request, job_id)
         data = job_progress_data(job, job_paces([job]).get(job.pk, 0.0))
         if request.GET.get("chart"):
-            data["chart"] = str(timeline_svg(job_timeline(job)))
+            data["chart"] = str(job_chart_svg(job_chart(job)))
+        if request.GET.get("events"):  # the first page, as the page shows it on load
+            events, rows = job_events_page(job)
+            data["events_count"] = events.paginator.count
+            data["events_rows"] = events_rows_html(rows)
+        if request.GET.get("failed"):  # asked for when the count of failed calls changed
+            data["failed_html"] = failed_calls_html(job)
         return JsonResponse(data)
 
     def results_view(self, request: HttpRequest, job_id: int, format: str) -> HttpResponseBase:
@@ -301,16 +418,35 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         return job_results_response(job, format)
 
     def action_view(self, request: HttpRequest, job_id: int, action: str) -> HttpResponse:
+        if request.method != "POST" and action not in ACTIONS_CONFIRMED:
+            return HttpResponseNotAllowed(["POST"])
         job = self._job_for(request, job_id)
         if action not in JOB_ACTIONS or not self.has_change_permission(request, job):
             raise PermissionDenied
+        page_url = reverse("admin:ratejobs_job_change", args=[job.pk])
+        if action in ACTIONS_CONFIRMED and not confirmed(request):
+            refusal = job_action_refusal(job, action)
+            if refusal is not None:  # nothing to confirm: say why, as the action would
+                self.message_user(request, refusal, messages.WARNING)
+                return HttpResponseRedirect(page_url)
+            return confirmation_page(
+                request,
+                self,
+                obj=job,
+                action=action.capitalize(),
+                question=f"Are you sure you want to cancel the job “{job.name}”? "
+                "A cancelled job cannot be resumed.",
+                summary=cancel_consequences(job),
+                confirm_label="Yes, cancel the job",
+                back_url=page_url,
+            )
         try:
             job = job_act(job=job, action=action)
         except JobActionRefused as exc:
             self.message_user(request, str(exc), messages.WARNING)
         else:
             self.message_user(request, f"{job}: {ACTION_DONE[action]}.")
-        return HttpResponseRedirect(reverse("admin:ratejobs_job_change", args=[job.pk]))
+        return HttpResponseRedirect(page_url)
 
     def change_view(
         self,
@@ -330,13 +466,17 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         if job is not None:
             pace = job_paces([job]).get(job.pk, 0.0)
             job_progress = job_progress_data(job, pace)
-            events = Paginator(throttle_event_list_for_job(job), EVENTS_PER_PAGE)
+            events, event_rows = job_events_page(job, request.GET.get("events"))
             context.update(
                 job_progress=job_progress,
                 job_progress_bar=progress_bar(job),
-                job_chart=timeline_svg(job_timeline(job)),
-                throttle_events=events.get_page(request.GET.get("events")),
+                job_chart=job_chart_svg(job_chart(job)),
+                throttle_events=events,
+                throttle_event_rows=event_rows,
+                throttle_events_capped=throttle_event_story_since(job) is not None,
+                story_max_events=f"{STORY_MAX_EVENTS:,}",
                 failed_calls=failed_call_sample(job),
+                job_id=job.pk,
                 job_actions=[
                     (name, reverse("admin:ratejobs_job_act", args=[job.pk, name]))
                     for name in JOB_ACTIONS
@@ -403,6 +543,9 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
             "opts": self.opts,
             "single": None if action else jobs[0],
             "purgeable": [job for job, refusal in refusals if refusal is None],
+            "purgeable_outcomes": [
+                (job, job_outcome(job).label) for job, refusal in refusals if refusal is None
+            ],
             "refused": [(job, refusal) for job, refusal in refusals if refusal is not None],
             "action": action,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,

@@ -38,26 +38,27 @@ from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import MAX_PRIORITY, Api, Call, CallbackStatus, Job, ThrottleEvent
 from ratejobs.permissions import may_delete_records
 from ratejobs.selectors.jobs import (
+    OUTCOME_LABELS,
     call_get_for_job,
     call_list_for_job,
     call_response_bodies,
     job_get_by_idempotency_key,
     job_get_for_user,
     job_list_for_user,
+    job_outcome,
     response_body_output,
     throttle_event_list_for_job,
 )
 from ratejobs.selectors.results import RESULT_FIELDS, RESULTS_FORMATS, job_results_response
 from ratejobs.services.credentials import CREDENTIAL_KEY_SHAPE, KEY_MAX_LENGTH, KEY_MESSAGE
 from ratejobs.services.jobs import (
-    CallsInvalid,
     JobActionRefused,
     calls_check,
     job_act,
     job_submit,
 )
 from ratejobs.services.retention import JobPurgeRefused, job_purge_request
-from ratejobs.uploads import NumberedCalls, UploadError
+from ratejobs.uploads import UploadError, job_submit_from_file
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 # An API's name, a slug (Django's own pattern, with the schema's `$`: matched with fullmatch).
@@ -83,6 +84,11 @@ class JobOutputSerializer(serializers.Serializer):
     name = serializers.CharField()
     api = serializers.CharField(source="api.name", help_text="the API's name")
     status = serializers.ChoiceField(choices=Job.Status.choices)
+    outcome = serializers.SerializerMethodField(
+        help_text="the status, with a completed job told apart by how its calls ended: "
+        "completed (every call succeeded), completed_with_failures (some failed, or were "
+        "cancelled by the deadline), failed (calls failed and none succeeded)"
+    )
     priority = serializers.IntegerField(min_value=1, max_value=MAX_PRIORITY)
     total = serializers.IntegerField(min_value=0)
     succeeded = serializers.IntegerField(min_value=0)
@@ -121,6 +127,10 @@ class JobOutputSerializer(serializers.Serializer):
         allow_null=True, help_text="when a pending delivery is tried again"
     )
     callback_delivered_at = serializers.DateTimeField(allow_null=True)
+
+    @extend_schema_field(serializers.ChoiceField(choices=list(OUTCOME_LABELS.items())))
+    def get_outcome(self, job: Job) -> str:
+        return job_outcome(job).key
 
 
 def _credential_key_field(help_text: str) -> serializers.RegexField:
@@ -531,17 +541,16 @@ class JobUploadView(_JobCreateThrottled, APIView):
             existing = job_get_by_idempotency_key(owner=request.user, key=key)
             if existing is not None:
                 return Response(JobOutputSerializer(existing).data, status=status.HTTP_200_OK)
-        calls = upload_calls(request)
         try:
-            job, created = job_submit(
+            job, created = job_submit_from_file(
                 owner=request.user,
                 idempotency_key=key,
-                calls=calls,
+                calls=upload_calls(request),
                 max_calls=settings.RATEJOBS_MAX_CALLS_PER_UPLOAD,
                 **params.validated_data,
             )
-        except (UploadError, CallsInvalid) as exc:
-            raise serializers.ValidationError({"lines": _errors_by_line(calls, exc)}) from exc
+        except UploadError as exc:  # a Response: a ValidationError would make the count text
+            return Response(_errors_by_line(exc), status=status.HTTP_400_BAD_REQUEST)
         return Response(JobOutputSerializer(job).data, status=_created_or_replayed(created))
 
 
@@ -551,17 +560,17 @@ def _created_or_replayed(created: bool) -> int:
     return status.HTTP_201_CREATED if created else status.HTTP_200_OK
 
 
-def _errors_by_line(calls: NumberedCalls, exc: UploadError | CallsInvalid) -> dict[str, Any]:
-    """An upload's errors by the line they are on: `{"7": {"path": ["..."]}}`."""
-    if isinstance(exc, UploadError):
-        return {str(exc.line): {api_settings.NON_FIELD_ERRORS_KEY: [exc.reason]}}
-    return {
-        str(calls.line_of(index)): {
-            api_settings.NON_FIELD_ERRORS_KEY if field == NON_FIELD_ERRORS else field: messages
-            for field, messages in fields.items()
-        }
-        for index, fields in exc.call_errors.items()
-    }
+def _errors_by_line(exc: UploadError) -> dict[str, Any]:
+    """An upload's errors by the line they are on, `{"lines": {"7": {"path": ["..."]}}}`,
+    the first MAX_ERRORS_SHOWN of them, and how many there are in all:
+    `"error_count": {"total": 32, "exact": true}` (false: at least that many)."""
+    lines: dict[str, dict[str, list[str]]] = {}
+    for error in exc.errors:
+        field = (
+            error.field if error.field != NON_FIELD_ERRORS else api_settings.NON_FIELD_ERRORS_KEY
+        )
+        lines.setdefault(str(error.line), {}).setdefault(field, []).append(error.message)
+    return {"lines": lines, "error_count": {"total": exc.total, "exact": exc.exact}}
 
 
 class JobDetailView(APIView):

@@ -10,6 +10,7 @@ from ratejobs.limiter.core import (
     GrantBatch,
     LimiterCounts,
     LimiterState,
+    RateSample,
     WindowState,
 )
 from ratejobs.limiter.errors import (
@@ -32,6 +33,7 @@ __all__ = [
     "LimiterNotConfigured",
     "LimiterState",
     "LimiterUnavailable",
+    "RateSample",
     "WaitTooLong",
     "Window",
     "WindowState",

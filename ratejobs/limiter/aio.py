@@ -19,6 +19,8 @@ from ratejobs.limiter.core import (
     GrantBatch,
     LimiterBase,
     LimiterState,
+    RateSample,
+    ReadRange,
     RunScript,
     Sleep,
     Steps,
@@ -134,6 +136,12 @@ class AsyncLimiter(LimiterBase):
     async def reset(self) -> None:
         await self._run(self._reset_steps())
 
+    async def rate_history(self, since: float | None = None) -> list[RateSample]:
+        """The rate over time, oldest first: samples taken as grants were made (at most one per
+        RATE_SAMPLE_SECONDS) and at each rate cut, since `since` (unix seconds; None: every
+        sample kept, the newest RATE_SAMPLES_KEPT)."""
+        return await self._run(self._rate_history_steps(since))
+
     async def _release_quietly(self, lease_id: str) -> None:
         with suppress(LimiterError, asyncio.CancelledError):  # the lease expires by itself
             await asyncio.shield(self._run(self._release_steps(lease_id)))
@@ -158,4 +166,6 @@ class AsyncLimiter(LimiterBase):
                 return await self.client.blpop([step.key], timeout=step.seconds)
             if isinstance(step, Delete):
                 return await self.client.delete(*step.keys)
+            if isinstance(step, ReadRange):
+                return await self.client.zrangebyscore(step.key, step.low, step.high)
         raise TypeError(f"unknown step {step!r}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ratejobs.limiter.core import KEY_PREFIX, translate_redis_errors
+from ratejobs.limiter.core import KEY_PREFIX, LIVE_KEY_PARTS, translate_redis_errors
 
 # Keys looked at by one overview: SCAN walks the whole keyspace, so a listing stays a bounded
 # amount of work however many customers an API has (beyond it the count says "at least").
@@ -30,40 +30,47 @@ class KeyBuckets:
     top: list[KeyBucket]  # the most blocked, then most throttled, first
 
 
-def _pattern(base: str) -> str:
-    # A base name (an API's) never holds ':' nor a glob character, so this matches exactly the
-    # limiters `{base}:{key}` and none of another base.
-    return f"{KEY_PREFIX}:{{{base}:*}}:state"
+def _pattern(base: str, key_prefix: str) -> str:
+    # A base name (an API's) never holds ':' nor a glob character, nor does a key prefix made
+    # of namespaces (ratejobs.namespace), so this matches exactly the limiters `{base}:{key}`
+    # and none of another base.
+    return f"{key_prefix}:{{{base}:*}}:state"
 
 
-def _key_of(redis_key: bytes | str, base: str) -> str:
+def _key_of(redis_key: bytes | str, base: str, key_prefix: str) -> str:
     text = redis_key.decode() if isinstance(redis_key, bytes) else redis_key
-    prefix = f"{KEY_PREFIX}:{{{base}:"
+    prefix = f"{key_prefix}:{{{base}:"
     return text[len(prefix) : -len("}:state")]
 
 
-def _scan(client: Any, base: str, limit: int) -> tuple[list[str], bool]:
+def _scan(client: Any, base: str, limit: int, key_prefix: str) -> tuple[list[str], bool]:
     found: list[str] = []
-    for redis_key in client.scan_iter(match=_pattern(base), count=SCAN_COUNT):
+    for redis_key in client.scan_iter(match=_pattern(base, key_prefix), count=SCAN_COUNT):
         if len(found) >= limit:
             return found, False
-        found.append(_key_of(redis_key, base))
+        found.append(_key_of(redis_key, base, key_prefix))
     return found, True
 
 
 def key_buckets(
-    client: Any, base: str, *, top: int = 10, limit: int = DEFAULT_SCAN_LIMIT
+    client: Any,
+    base: str,
+    *,
+    top: int = 10,
+    limit: int = DEFAULT_SCAN_LIMIT,
+    key_prefix: str = KEY_PREFIX,
 ) -> KeyBuckets:
     """The live buckets of `base`'s keys (at most `limit` looked at) and the `top` most blocked
-    or throttled; LimiterUnavailable when Redis cannot be reached."""
+    or throttled, among limiters under `key_prefix` (Limiter's); LimiterUnavailable when Redis
+    cannot be reached."""
     with translate_redis_errors(base):
-        keys, complete = _scan(client, base, limit)
+        keys, complete = _scan(client, base, limit, key_prefix)
         if top <= 0:  # a count only (the metric): no state read
             return KeyBuckets(live=len(keys), complete=complete, top=[])
         pipe = client.pipeline(transaction=False)
         pipe.time()
         for key in keys:
-            pipe.hmget(f"{KEY_PREFIX}:{{{base}:{key}}}:state", "blocked_until", "n_throttles")
+            pipe.hmget(f"{key_prefix}:{{{base}:{key}}}:state", "blocked_until", "n_throttles")
         replies = pipe.execute() if keys else [client.time()]
     seconds, micros = replies[0]
     now_us = int(seconds) * MICROS + int(micros)
@@ -76,28 +83,30 @@ def key_buckets(
     return KeyBuckets(live=len(keys), complete=complete, top=ranked)
 
 
-def reset_key_buckets(client: Any, base: str) -> int:
-    """Forget the live state of every `{base}:{key}` limiter (their configurations stay, as a
-    reset of one limiter keeps its own); returns how many were reset."""
+def reset_key_buckets(client: Any, base: str, *, key_prefix: str = KEY_PREFIX) -> int:
+    """Forget the live state of every `{base}:{key}` limiter under `key_prefix` (their
+    configurations stay, as a reset of one limiter keeps its own); returns how many were
+    reset."""
     reset = 0
     with translate_redis_errors(base):
         batch: list[str] = []
-        for redis_key in client.scan_iter(match=_pattern(base), count=SCAN_COUNT):
-            batch.append(_key_of(redis_key, base))
+        for redis_key in client.scan_iter(match=_pattern(base, key_prefix), count=SCAN_COUNT):
+            batch.append(_key_of(redis_key, base, key_prefix))
             if len(batch) >= SCAN_COUNT:
-                reset += _delete_state(client, base, batch)
+                reset += _delete_state(client, base, batch, key_prefix)
                 batch = []
-        reset += _delete_state(client, base, batch)
+        reset += _delete_state(client, base, batch, key_prefix)
     return reset
 
 
-def _delete_state(client: Any, base: str, keys: list[str]) -> int:
+def _delete_state(client: Any, base: str, keys: list[str], key_prefix: str) -> int:
     if not keys:
         return 0
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        stem = f"{KEY_PREFIX}:{{{base}:{key}}}"
-        # one DEL per limiter: each lives in its own hash slot on a Redis Cluster
-        pipe.delete(f"{stem}:state", f"{stem}:leases", f"{stem}:released")
+        stem = f"{key_prefix}:{{{base}:{key}}}"
+        # one DEL per limiter: each lives in its own hash slot on a Redis Cluster; the keys a
+        # reset forgets (LIVE_KEY_PARTS, as Limiter.reset does)
+        pipe.delete(*(f"{stem}:{part}" for part in LIVE_KEY_PARTS))
     pipe.execute()
     return len(keys)

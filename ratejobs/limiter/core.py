@@ -40,6 +40,15 @@ DEFAULT_THROTTLE_BLOCK_SECONDS = 1.0
 # all of Redis waits, so a batch stays far below Lua's unpack limit (~8,000) and takes well under
 # a millisecond; a worker runs tens of calls at once, not thousands.
 MAX_BATCH = 1000
+# The rate history (Limiter.rate_history, the operator's chart of the adaptive rate): grants
+# sample it at most this often, so a grant between samples costs one more field read and
+# nothing else...
+RATE_SAMPLE_SECONDS = 2.0
+# ... and it keeps this many samples: 6 h at one per 2 s (1.5 MB per limiter in Redis,
+# measured with MEMORY USAGE).
+RATE_SAMPLES_KEPT = 10_800
+# The keys of a limiter that hold live state, which a reset forgets; its config stays.
+LIVE_KEY_PARTS = ("state", "leases", "released", "heads", "rates")
 
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,201}$")
 
@@ -137,6 +146,22 @@ class WindowState:
 
 
 @dataclass(frozen=True)
+class RateSample:
+    """The limiter as it stood at one moment of its recent history (sampled as grants are made,
+    at most one sample per RATE_SAMPLE_SECONDS): what the adaptive rate was, and how many
+    grants had been made so far, so the difference of two samples is the grants between them."""
+
+    at: float  # unix time, seconds
+    rate: float  # requests per period the limiter was granting at (current_rate then)
+    period: float
+    grants: int  # the state's cumulative grant counter at that moment
+
+    @property
+    def rate_per_second(self) -> float:
+        return self.rate / self.period
+
+
+@dataclass(frozen=True)
 class LimiterState:
     name: str
     configured: bool
@@ -191,7 +216,16 @@ class Delete:
     keys: list[str]
 
 
-Step = RunScript | Sleep | AwaitRelease | Delete
+@dataclass(frozen=True)
+class ReadRange:
+    """A sorted set's members scored from `low` to `high` (ZRANGEBYSCORE), lowest first."""
+
+    key: str
+    low: int | str
+    high: int | str
+
+
+Step = RunScript | Sleep | AwaitRelease | Delete | ReadRange
 Steps = Generator[Step, Any, Any]
 
 
@@ -231,6 +265,7 @@ class LimiterBase:
         config: LimiterConfig | None = None,
         *,
         key_prefix: str = KEY_PREFIX,
+        rate_samples_kept: int = RATE_SAMPLES_KEPT,
     ) -> None:
         if not _NAME.match(name):
             raise ValueError("limiter name must be 1-201 of A-Z a-z 0-9 _ . : -")
@@ -240,19 +275,23 @@ class LimiterBase:
         self.round_trips = 0
         # One hash tag for all keys of a limiter: its scripts touch several keys at once, which
         # Redis Cluster allows only within one slot.
-        base = f"{key_prefix}:{{{name}}}"
+        base = self._base = f"{key_prefix}:{{{name}}}"
         self.config_key = f"{base}:config"
         self.state_key = f"{base}:state"
         self.leases_key = f"{base}:leases"
         self.released_key = f"{base}:released"
         self.heads_key = f"{base}:heads"
+        self.rates_key = f"{base}:rates"
         self.keys = [
             self.config_key,
             self.state_key,
             self.leases_key,
             self.released_key,
             self.heads_key,
+            self.rates_key,
         ]
+        # The rate history's arguments to the scripts that sample it: spacing (µs) and cap.
+        self._history_args = [int(RATE_SAMPLE_SECONDS * MICROS), rate_samples_kept]
         from ratejobs.limiter.scripts import SOURCES
 
         self._scripts = {name: client.register_script(src) for name, src in SOURCES.items()}
@@ -322,6 +361,7 @@ class LimiterBase:
                     self._config_version(),
                     cost,
                     cost_seq if held_slot >= 0 else -1,
+                    *self._history_args,
                 ],
             )
             code, wait_us, slot_us, generation, now_us, seq = (int(x) for x in reply)
@@ -389,6 +429,7 @@ class LimiterBase:
                     _wait_left_us(max_wait, started),
                     self._config_version(),
                     costs_arg,
+                    *self._history_args,
                 ],
             )
             received = time.monotonic()
@@ -467,9 +508,15 @@ class LimiterBase:
         return int(reply[0])
 
     def _feedback_steps(self, generation: int, block_seconds: float, throttled: bool) -> Steps:
-        args = [generation, max(0, int(block_seconds * MICROS)), 1 if throttled else 0]
+        args = [
+            generation,
+            max(0, int(block_seconds * MICROS)),
+            1 if throttled else 0,
+            *self._history_args,
+        ]
+        keys = [self.config_key, self.state_key, self.rates_key]
         while True:
-            reply = yield RunScript("feedback", [self.config_key, self.state_key], args)
+            reply = yield RunScript("feedback", keys, args)
             if int(reply[0]) != NOT_CONFIGURED:
                 break
             yield from self._configure_from_own()
@@ -505,7 +552,7 @@ class LimiterBase:
     ) -> Steps:
         now = time.time()
         signalling: list[int] = []  # indexes of the responses that say something
-        args: list[int] = []
+        args: list[int] = [*self._history_args]
         for index, (grant, status_code, headers) in enumerate(responses):
             delay = throttle_delay(status_code, headers, now=now)
             throttled = is_throttle(status_code, delay)
@@ -520,7 +567,9 @@ class LimiterBase:
         if not signalling:
             return results
         while True:
-            reply = yield RunScript("feedback_many", [self.config_key, self.state_key], args)
+            reply = yield RunScript(
+                "feedback_many", [self.config_key, self.state_key, self.rates_key], args
+            )
             if int(reply[0]) != NOT_CONFIGURED:
                 break
             yield from self._configure_from_own()
@@ -549,8 +598,15 @@ class LimiterBase:
         return int(reply[0]) == 0
 
     def _reset_steps(self) -> Steps:
-        """Forget the live state (pace, block, leases, adaptive rate); keep the configuration."""
-        yield Delete([self.state_key, self.leases_key, self.released_key, self.heads_key])
+        """Forget the live state (pace, block, leases, adaptive rate, rate history); keep the
+        configuration."""
+        yield Delete([f"{self._base}:{part}" for part in LIVE_KEY_PARTS])
+
+    def _rate_history_steps(self, since: float | None) -> Steps:
+        """The samples since `since` (unix seconds; None: all kept), oldest first."""
+        low = "-inf" if since is None else int(since * MICROS)
+        members = yield ReadRange(self.rates_key, low, "+inf")
+        return [_rate_sample(member) for member in members]
 
     def _state_steps(self) -> Steps:
         reply = yield RunScript("state", [self.config_key, self.state_key, self.leases_key], [])
@@ -588,6 +644,14 @@ def _window_state(item: Sequence[Any]) -> WindowState:
         remaining=float(remaining),
         next_free_in=int(next_free_us) / MICROS,
         full_in=int(full_us) / MICROS,
+    )
+
+
+def _rate_sample(member: Any) -> RateSample:
+    """One member of the rate history: "<at_us>:<rate>:<period>:<grants>" (prelude.lua)."""
+    at_us, rate, period, grants = _text(member).split(":")
+    return RateSample(
+        at=int(float(at_us)) / MICROS, rate=float(rate), period=float(period), grants=int(grants)
     )
 
 

@@ -18,6 +18,8 @@ from ratejobs.limiter.core import (
     GrantBatch,
     LimiterBase,
     LimiterState,
+    RateSample,
+    ReadRange,
     RunScript,
     Sleep,
     Steps,
@@ -160,6 +162,12 @@ class Limiter(LimiterBase):
     def reset(self) -> None:
         self._run(self._reset_steps())
 
+    def rate_history(self, since: float | None = None) -> list[RateSample]:
+        """The rate over time, oldest first: samples taken as grants were made (at most one per
+        RATE_SAMPLE_SECONDS) and at each rate cut, since `since` (unix seconds; None: every
+        sample kept, the newest RATE_SAMPLES_KEPT)."""
+        return self._run(self._rate_history_steps(since))
+
     # -- performing steps -------------------------------------------------------------------
 
     def _release_quietly(self, lease_id: str) -> None:
@@ -186,4 +194,6 @@ class Limiter(LimiterBase):
                 return self.client.blpop([step.key], timeout=step.seconds)
             if isinstance(step, Delete):
                 return self.client.delete(*step.keys)
+            if isinstance(step, ReadRange):
+                return self.client.zrangebyscore(step.key, step.low, step.high)
         raise TypeError(f"unknown step {step!r}")

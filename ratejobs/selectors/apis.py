@@ -14,11 +14,12 @@ from django.http import Http404
 from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
 from ratejobs.limiter.buckets import KeyBuckets, key_buckets
 from ratejobs.models import Api, ApiCredential
+from ratejobs.namespace import limiter_key_prefix
 from ratejobs.selectors.jobs import duration_text
 from ratejobs.services.apis import api_limiter, redis_client
 
 if TYPE_CHECKING:
-    from ratejobs.limiter.core import WindowState
+    from ratejobs.limiter.core import RateSample, WindowState
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,16 @@ def _seconds_text(seconds: float) -> str:
     return f"{seconds:.1f} s" if seconds < 10 else duration_text(seconds)
 
 
+def api_rate_history(api: Api, *, since: datetime) -> list[RateSample]:
+    """The API's limiter samples since a moment, oldest first: its adaptive rate as grants were
+    made (one sample per RATE_SAMPLE_SECONDS at most) and at each cut; [] when Redis cannot be
+    read or the limiter has no history (nothing granted yet, or reset)."""
+    try:
+        return api_limiter(api).rate_history(since.timestamp())
+    except LimiterError:  # LimiterUnavailable among them: a page with no chart, not an error
+        return []
+
+
 def api_limiter_readings(apis: Iterable[Api]) -> dict[int, LimiterReading]:
     """Each API's limiter state by API id, never raising: a listing of APIs stays useful while
     Redis is down. After one LimiterUnavailable the rest are not tried (they share one Redis,
@@ -108,7 +119,7 @@ def credential_list(*, api: Api, search: str = "") -> QuerySet[ApiCredential]:
 def api_key_buckets(api: Api, *, top: int = 10) -> KeyBuckets:
     """The API's credential keys with live limiter state in Redis (a bounded SCAN) and the most
     blocked or throttled of them; LimiterError when Redis cannot be read."""
-    return key_buckets(redis_client(), api.name, top=top)
+    return key_buckets(redis_client(), api.name, top=top, key_prefix=limiter_key_prefix())
 
 
 def api_list_marking_credentials() -> QuerySet[Api]:

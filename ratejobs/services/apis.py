@@ -31,7 +31,9 @@ from ratejobs.execution.urls import (
 from ratejobs.limiter import Feedback, Limiter
 from ratejobs.limiter.buckets import reset_key_buckets
 from ratejobs.limiter.config import MAX_WINDOWS, Window
+from ratejobs.limiter.core import RATE_SAMPLES_KEPT
 from ratejobs.models import Api, ThrottleEvent, api_windows
+from ratejobs.namespace import limiter_key_prefix
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +75,14 @@ def redis_client() -> redis.Redis | RedisCluster:
 
 
 def connect_redis(
-    url: str, *, sentinels: list[str], sentinel_master: str, cluster: bool
+    url: str,
+    *,
+    sentinels: list[str],
+    sentinel_master: str,
+    cluster: bool,
+    timeout: float = REDIS_SOCKET_TIMEOUT,
 ) -> redis.Redis | RedisCluster:
-    timeouts = {
-        "socket_timeout": REDIS_SOCKET_TIMEOUT,
-        "socket_connect_timeout": REDIS_SOCKET_TIMEOUT,
-    }
+    timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
     if cluster:
         return RedisCluster.from_url(url, **timeouts)
     if sentinels:
@@ -110,14 +114,25 @@ def api_limiter(api: Api, credential_key: str = "") -> Limiter:
     the API's limits, configured in Redis at its first use), carrying the API's current limits
     and their version, so a change of them reaches every key's bucket at its next grant."""
     name = api_limiter_name(api, credential_key)
+    # Keyed by the prefix too: the namespace is a setting, and a limiter of one deployment must
+    # never answer for another's (tests switch it).
+    prefix = limiter_key_prefix()
+    cache_key = f"{prefix}:{name}"
     with _limiters_lock:
-        limiter = _limiters.get(name)
+        limiter = _limiters.get(cache_key)
         if limiter is None:
-            limiter = _limiters[name] = Limiter(redis_client(), name)
+            limiter = _limiters[cache_key] = Limiter(
+                redis_client(),
+                name,
+                key_prefix=prefix,
+                # The chart's history is the API's: thousands of customers' buckets would
+                # each hold 1.5 MB of it (RATE_SAMPLES_KEPT) in Redis.
+                rate_samples_kept=0 if credential_key else RATE_SAMPLES_KEPT,
+            )
             while len(_limiters) > MAX_CACHED_LIMITERS:
                 _limiters.popitem(last=False)
         else:
-            _limiters.move_to_end(name)
+            _limiters.move_to_end(cache_key)
     limiter.config = api.limiter_config()
     return limiter
 
@@ -366,4 +381,4 @@ def api_limiter_reset(*, api: Api) -> int:
     limiter = api_limiter(api)
     limiter.reset()
     limiter.configure(api.limiter_config())
-    return reset_key_buckets(redis_client(), api.name)
+    return reset_key_buckets(redis_client(), api.name, key_prefix=limiter_key_prefix())

@@ -22,6 +22,7 @@ from django.db.models import F, Min, Q, Value
 from django.db.models.functions import Coalesce, NullIf
 
 from ratejobs.models import Api, ApiCredential, Call, Job
+from ratejobs.namespace import redis_key
 from ratejobs.services.apis import redis_client
 from ratejobs.services.workers import database_now
 
@@ -204,7 +205,7 @@ def request_dispatch(api_id: int, *, countdown: float = DISPATCH_DEBOUNCE_SECOND
         # must not swallow the requests of calls that finish while it runs, or an API with an
         # in-flight cap, whose window holds only a few calls, waits for the reconciler.
         first = redis_client().set(
-            f"ratejobs:dispatch:{{{api_id}}}:pending",
+            redis_key("dispatch", f"{{{api_id}}}", "pending"),
             1,
             nx=True,
             px=max(1, int(min(countdown, DISPATCH_DEBOUNCE_SECONDS) * 1000)),
@@ -224,7 +225,7 @@ def schedule_wakeup(api_id: int, next_due: datetime | None) -> None:
     delay = min(max((next_due - database_now()).total_seconds(), 0.05), MAX_WAKEUP_SECONDS)
     try:
         if redis_client().set(
-            f"ratejobs:dispatch:{{{api_id}}}:wakeup", 1, nx=True, px=int(delay * 1000)
+            redis_key("dispatch", f"{{{api_id}}}", "wakeup"), 1, nx=True, px=int(delay * 1000)
         ):
             current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=delay)
     except Exception:

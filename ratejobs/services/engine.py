@@ -30,6 +30,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
 from ratejobs.execution.pool import CallPool
+from ratejobs.namespace import redis_key
 from ratejobs.services.apis import redis_client
 from ratejobs.services.calls import (
     Claimed,
@@ -206,7 +207,7 @@ class Engine:
         interval (a Redis lock), so workers need no beat to lose nothing."""
         try:
             if not redis_client().set(
-                "ratejobs:sweep:lock", self.owner, nx=True, px=int(self._sweep_seconds * 1000)
+                redis_key("sweep", "lock"), self.owner, nx=True, px=int(self._sweep_seconds * 1000)
             ):
                 return
         except (redis.RedisError, OSError):

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db.models import Q, QuerySet
 
 from ratejobs.models import Call, Job
+from ratejobs.namespace import redis_key
 from ratejobs.services.apis import connect_redis, redis_client
 from ratejobs.services.callbacks import callbacks_requeue
 from ratejobs.services.dispatch import dispatch_api, request_dispatch, schedule_wakeup
@@ -31,8 +32,9 @@ logger = logging.getLogger(__name__)
 # Kept in the broker's Redis by the reconciler: that server's run_id when it last looked. Gone
 # or different, the broker restarted (empty, or from an older snapshot) and the messages sent
 # since are lost, so their calls are dispatched again at once instead of after
-# RATEJOBS_STALE_DISPATCH_SECONDS.
-BROKER_RUN_ID_KEY = "ratejobs:broker-run-id"
+# RATEJOBS_STALE_DISPATCH_SECONDS. Under the deployment's namespace (redis_key): deployments
+# sharing a broker server each keep their own.
+BROKER_RUN_ID_KEY = "broker-run-id"
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ def broker_restarted() -> bool:
         return False
     try:
         run_id = client.info("server")["run_id"]
-        seen = client.getset(BROKER_RUN_ID_KEY, run_id)
+        seen = client.getset(redis_key(BROKER_RUN_ID_KEY), run_id)
     except redis.RedisError as exc:
         logger.warning("reconciler: cannot ask the broker whether it restarted: %s", exc)
         return False

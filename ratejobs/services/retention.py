@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.db.models import Q, QuerySet, Subquery
 
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
+from ratejobs.namespace import redis_key
 from ratejobs.services.apis import redis_client
 from ratejobs.services.workers import database_now
 
@@ -330,7 +331,7 @@ def job_purge_request(*, job: Job) -> None:
 def request_purge() -> None:
     """Ask for a purge run within a second; requests within that time share one run."""
     try:
-        key = "ratejobs:purge:pending"
+        key = redis_key("purge", "pending")
         if redis_client().set(key, 1, nx=True, px=int(PURGE_DEBOUNCE_SECONDS * 1000)):
             current_app.send_task(PURGE_TASK, countdown=PURGE_DEBOUNCE_SECONDS)
     except (redis.RedisError, OSError):

@@ -33,14 +33,14 @@ def test_the_api_page_shows_each_window_with_what_is_left_and_when_it_is_full(
         limiter.release(limiter.acquire(cost=1000, max_wait=5))
     html = root_client.get(change_url(api)).content.decode()
     # expect: a line per window besides the main rate's ceiling
-    assert "20 per 1 s (burst 5)" in html
+    assert "20/s (burst 5)" in html
     assert "10 per 60 s (burst 10): 7 left, full in 1" in html  # 17 or 18 s
     # 3,000 tokens taken at 9,000 a day come back in 8 hours (less the time the test took)
     assert re.search(
         r"9000 cost per 86400 s \(burst 9000\): 6000 left, full in (8 h 00|7 h 59) min", html
     )
     listing = root_client.get(reverse("admin:ratejobs_api_changelist")).content.decode()
-    assert "20 / 1 s + 2 more" in listing
+    assert "20/s (burst 5) + 2 more" in listing
 
 
 def test_limits_and_cost_fields_are_edited_in_the_form_with_errors_by_window(

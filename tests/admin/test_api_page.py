@@ -40,7 +40,7 @@ def form_data(api: Api, **changes) -> dict:
 def test_the_api_page_shows_the_live_limiter_state_and_never_the_secret(root_client, api):
     html = root_client.get(change_url(api)).content.decode()
     assert "Shared limiter, live from Redis" in html
-    assert "current rate" in html and "10 per 1 s" in html and "not blocked" in html
+    assert "current rate" in html and "10/s" in html and "not blocked" in html
     assert "stored (encrypted)" in html
     assert SECRET not in html
     listing = root_client.get(reverse("admin:ratejobs_api_changelist")).content.decode()
@@ -49,20 +49,24 @@ def test_the_api_page_shows_the_live_limiter_state_and_never_the_secret(root_cli
 
 def test_block_stops_every_worker_and_is_recorded_and_reset_clears_it(root_client, api):
     response = root_client.post(
-        reverse("admin:ratejobs_api_block", args=[api.pk]), {"seconds": "30"}, follow=True
+        reverse("admin:ratejobs_api_block", args=[api.pk]),
+        {"seconds": "30", "post": "yes"},
+        follow=True,
     )
     assert "Every worker waits 30 s" in response.content.decode()
     assert 29 < api_limiter(api).state().blocked_for <= 30
     assert ThrottleEvent.objects.filter(api=api, kind="blocked", retry_after=30).count() == 1
     assert "blocked for" in root_client.get(change_url(api)).content.decode()
-    root_client.post(reverse("admin:ratejobs_api_reset", args=[api.pk]))
+    root_client.post(reverse("admin:ratejobs_api_reset", args=[api.pk]), {"post": "yes"})
     assert api_limiter(api).state().blocked_for == 0
 
 
 def test_a_block_without_a_sensible_duration_is_refused(root_client, api):
     for seconds in ("", "-1", "abc", "1e9"):
         response = root_client.post(
-            reverse("admin:ratejobs_api_block", args=[api.pk]), {"seconds": seconds}, follow=True
+            reverse("admin:ratejobs_api_block", args=[api.pk]),
+            {"seconds": seconds, "post": "yes"},
+            follow=True,
         )
         assert "Block for how long?" in response.content.decode()
     assert api_limiter(api).state().blocked_for == 0
@@ -121,6 +125,6 @@ def test_the_api_page_shows_the_learned_limit(root_client, api):
     # and a limiter state that learned the real limit (the values state.lua returns)
     state = api_limiter(api).state()
     learned = dataclasses.replace(state, adaptive=True, learned_rate=39.6)
-    assert learned_limit_text(learned) == "39.6 per 1 s (held just under it)"
+    assert learned_limit_text(learned) == "39.6/s (held just under it)"
     unmeasured = dataclasses.replace(state, adaptive=True, learned_rate=None)
     assert learned_limit_text(unmeasured).startswith("not measured yet")

@@ -77,7 +77,7 @@ def test_the_job_page_shows_progress_chart_events_and_failed_calls(root_client, 
     html = root_client.get(reverse("admin:ratejobs_job_change", args=[job.pk])).content.decode()
     assert 'class="rj-progress"' in html
     assert "<svg" in html and 'class="rj-bar"' in html and 'class="rj-429"' in html
-    assert "429 received" in html and "2.500 s" in html
+    assert "429 received · Retry-After 2.5 s" in html
     assert "HTTP 404" in html
     assert 'data-progress-url="' in html
     assert 'name="_save"' not in html  # nothing is edited in place
@@ -101,7 +101,7 @@ def test_actions_pause_resume_cancel_and_refuse_what_makes_no_sense(root_client,
 
     def act(action: str):
         url = reverse("admin:ratejobs_job_act", args=[job.pk, action])
-        return root_client.post(url, follow=True)
+        return root_client.post(url, {"post": "yes"}, follow=True)  # as confirmed, for cancel
 
     act("pause")
     assert Job.objects.get(pk=job.pk).status == "paused"
@@ -113,7 +113,7 @@ def test_actions_pause_resume_cancel_and_refuse_what_makes_no_sense(root_client,
     refused = act("resume").content.decode()
     assert "Cannot resume a cancelled job" in refused
     assert (
-        root_client.get(reverse("admin:ratejobs_job_act", args=[job.pk, "cancel"])).status_code
+        root_client.get(reverse("admin:ratejobs_job_act", args=[job.pk, "pause"])).status_code
         == 405
     )
 
@@ -146,7 +146,9 @@ def test_staff_who_are_not_superusers_see_only_their_own_jobs(
     for name in ("admin:ratejobs_job_change", "admin:ratejobs_job_progress"):
         assert client.get(reverse(name, args=[theirs.pk])).status_code in (302, 404)
     assert (
-        client.post(reverse("admin:ratejobs_job_act", args=[theirs.pk, "cancel"])).status_code
+        client.post(
+            reverse("admin:ratejobs_job_act", args=[theirs.pk, "cancel"]), {"post": "yes"}
+        ).status_code
         == 404
     )
     assert Job.objects.get(pk=theirs.pk).status == "queued"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.contrib.staticfiles import finders
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.templatetags.static import static
 from django.urls import reverse
 
 from ratejobs.models import Call, Job
+from ratejobs.uploads import CSV_COLUMNS
 
 ADD_URL = reverse("admin:ratejobs_job_add")
 
@@ -129,3 +132,118 @@ def test_a_deadline_already_passed_is_shown_under_its_field(root_client, api):
     assert response.status_code == 200
     assert response.context["form"].errors["deadline"] == ["the deadline has passed already"]
     assert not Job.objects.exists()
+
+
+# -- every error of a file, the form kept between tries, samples -----------------------------
+
+
+def errors_of(response, field: str = "calls_file") -> list[str]:
+    return response.context["form"].errors[field]
+
+
+# Three mistakes in each: a line that cannot be read, a path that climbs out, a method that
+# is none, so the reader's errors and the job service's are listed together.
+THREE_MISTAKES = {
+    "csv": ("calls.csv", b"path,method,json\n/a,GET,{oops\n/../x,GET,\n/c,BREW,\n"),
+    "jsonl": ("calls.jsonl", b'{oops\n{"path": "/../x"}\n{"path": "/c", "method": "BREW"}\n'),
+}
+
+
+@pytest.mark.parametrize(
+    ("source", "lines"),
+    [("csv", [2, 3, 4]), ("jsonl", [1, 2, 3]), ("values", [1, 2, 4])],
+)
+def test_every_error_of_a_file_is_listed_by_line(root_client, api, source, lines):
+    if source == "values":  # a template that leaves the API: each value's call is refused
+        fields, field = (
+            {"path_template": "https://evil.example/{id}", "values": "1\n2\n\n3"},
+            source,
+        )
+    else:
+        fields, field = {"calls_file": SimpleUploadedFile(*THREE_MISTAKES[source])}, "calls_file"
+    response = submit(root_client, api, **fields)
+    # expect: the three errors, each named by its line, in line order; nothing stored
+    errors = errors_of(response, field)
+    assert [message.split(":")[0] for message in errors] == [f"line {n}" for n in lines]
+    assert (Job.objects.count(), Call.objects.count()) == (0, 0)
+
+
+def test_past_twenty_errors_the_rest_are_counted(root_client, api):
+    # given 30 bad calls and 5 lines that are not JSON, among good ones
+    lines = [json.dumps({"path": f"/items/{i}"}) for i in range(10)]
+    lines += [json.dumps({"path": "/../x"})] * 30 + ["{oops"] * 5
+    upload = SimpleUploadedFile("calls.jsonl", "\n".join(lines).encode())
+    errors = errors_of(submit(root_client, api, calls_file=upload))
+    # expect: 20 errors by line (from line 11), then the count of the other 15
+    assert len(errors) == 21
+    assert errors[0].startswith("line 11: path") and errors[19].startswith("line 30: path")
+    assert errors[-1] == "and 15 more errors"
+
+
+def test_the_form_keeps_its_values_and_the_file_after_an_error(root_client, api):
+    # given a try refused for its priority, with a file chosen and the other fields filled
+    upload = SimpleUploadedFile("calls.csv", b"path\n/a\n/b\n")
+    first = root_client.post(ADD_URL, {
+        "api": api.pk, "name": "kept job", "priority": 0, "callback_url": "",
+        "credential_key": "", "calls_file": upload, "not_before": "2031-01-02 03:04:05",
+    })  # fmt: skip
+    html = first.content.decode()
+    # expect: the values shown again, and the file offered from the last try
+    assert 'value="kept job"' in html and 'value="0"' in html
+    assert 'value="2031-01-02 03:04:05"' in html
+    assert "Using <strong>calls.csv</strong> (11\xa0bytes) from your last try" in html
+    token = first.context["form"].kept.token
+    assert f'name="kept_upload" value="{token}"' in html
+    # and the next try without a file uses the kept one
+    second = root_client.post(
+        ADD_URL, {"api": api.pk, "name": "kept job", "priority": 2, "kept_upload": token}
+    )
+    assert second.status_code == 302
+    job = Job.objects.get()
+    assert (job.name, job.priority, job.total) == ("kept job", 2, 2)
+    # once used, it is gone
+    third = root_client.post(
+        ADD_URL, {"api": api.pk, "name": "again", "priority": 1, "kept_upload": token}
+    )
+    assert "kept for an hour only" in third.content.decode()
+
+
+def test_a_kept_file_is_only_its_senders_and_may_be_dropped(root_client, api, admin_client_for,
+                                                            django_user_model):  # fmt: skip
+    upload = SimpleUploadedFile("calls.jsonl", b'{"path": "/a"}\n')
+    token = submit(root_client, api, calls_file=upload, priority=0).context["form"].kept.token
+    other = admin_client_for(django_user_model.objects.create_superuser("root2", password="x"))
+    stolen = submit(other, api, kept_upload=token)
+    assert "kept for an hour only" in stolen.content.decode()
+    # dropping it lets a path template be used instead
+    dropped = submit(root_client, api, kept_upload=token, kept_upload_drop="on",
+                     path_template="/u/{id}", values="1")  # fmt: skip
+    assert dropped.status_code == 302
+    assert Job.objects.get().calls.get().path == "/u/1"
+
+
+def test_a_new_file_replaces_the_kept_one(root_client, api):
+    upload = SimpleUploadedFile("first.csv", b"path\n/a\n")
+    token = submit(root_client, api, calls_file=upload, priority=0).context["form"].kept.token
+    upload = SimpleUploadedFile("second.csv", b"path\n/b\n/c\n")
+    response = submit(root_client, api, calls_file=upload, kept_upload=token)
+    assert response.status_code == 302
+    assert Job.objects.get().total == 2
+
+
+@pytest.mark.parametrize("name", ["calls.csv", "calls.jsonl"])
+def test_the_samples_are_linked_explained_and_submit_cleanly(root_client, api, name):
+    page = root_client.get(ADD_URL).content.decode()
+    url = static(f"ratejobs/samples/{name}")
+    assert f'href="{url}" download' in page
+    for column in CSV_COLUMNS:
+        assert f"<code>{column}</code>" in page
+    assert static("ratejobs/submit.js") in page and 'id="calls-file-count"' in page
+    with open(finders.find(f"ratejobs/samples/{name}"), "rb") as sample:
+        response = submit(root_client, api, calls_file=SimpleUploadedFile(name, sample.read()))
+    assert response.status_code == 302, response.context["form"].errors
+    calls = list(Job.objects.get().calls.order_by("index").values_list("method", "path", "body"))
+    assert calls == [
+        ("GET", "/items/1", None), ("GET", "/items", None), ("POST", "/items", None),
+        ("PUT", "/items/4", "a text body\non two lines"), ("DELETE", "/items/5", None),
+    ]  # fmt: skip

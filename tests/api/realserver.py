@@ -104,7 +104,7 @@ def _wait_until_serving(server: Server, workers: int) -> None:
             answered = requests.get(f"{server.url}/api/jobs/", timeout=5).status_code == 401
             if answered and len(server.worker_pids()) >= workers:
                 return
-        except requests.ConnectionError:
+        except requests.RequestException:  # refused, or a read timeout on a loaded machine
             pass
         time.sleep(0.2)
     raise RuntimeError(f"gunicorn did not start:\n{server.log.read_text(errors='replace')[-3000:]}")

@@ -64,6 +64,23 @@ def test_bad_lines_are_named_by_line_and_nothing_is_stored(api_client, api, user
     assert jobs_of(user) == (0, 0)
 
 
+def test_every_bad_line_is_named_with_the_count_of_errors(api_client, api, user):
+    # given a line that is not JSON, a path that climbs out and a method that is none
+    body = b'{oops\n{"path": "/a"}\n{"path": "/../x"}\n\n{"path": "/c", "method": "BREW"}\n'
+    response = upload(api_client, api.name, body)
+    assert response.status_code == 400
+    reply = response.json()
+    assert list(reply["lines"]) == ["1", "3", "5"]
+    assert reply["lines"]["1"]["non_field_errors"][0].startswith("not valid JSON")
+    assert "path" in reply["lines"]["3"] and "method" in reply["lines"]["5"]
+    assert reply["error_count"] == {"total": 3, "exact": True}
+    # past 20 errors, the first 20 by line and the count of them all
+    body = b"".join(b'{"path": "/../%d"}\n' % i for i in range(25))
+    reply = upload(api_client, api.name, body).json()
+    assert (len(reply["lines"]), reply["error_count"]) == (20, {"total": 25, "exact": True})
+    assert jobs_of(user) == (0, 0)
+
+
 @pytest.mark.parametrize(
     ("params", "field"),
     [

@@ -115,12 +115,15 @@ def test_edit_an_api_limit_and_block_it_from_its_page(
     page.goto(f"{live_server.url}/admin/ratejobs/api/{api.pk}/change/")
     page.fill("input[name=seconds]", "30")
     page.press("input[name=seconds]", "Enter")
+    page.locator("h1", has_text="Are you sure?").wait_for()  # asked first, as a delete is
+    page.click("input[type=submit][value^='Yes']")
     page.locator(".messagelist", has_text="Every worker waits 30 s").wait_for()
     assert page.locator("#rj-limiter .rj-blocked").count() == 1
     assert api_limiter_state(api).blocked_for > 20
     print("API page:", screenshot(page, "api-page"))
 
-    page.click("text=Reset limiter")
+    page.click("#rj-reset-button")
+    page.click("input[type=submit][value^='Yes']")
     page.locator(".messagelist", has_text="Limiter reset").wait_for()
     assert api_limiter_state(api).blocked_for == 0
 
@@ -175,7 +178,7 @@ def test_an_api_with_several_limits_shows_each_window_and_its_job_offers_its_res
     page.goto(f"{live_server.url}/admin/ratejobs/api/{api.pk}/change/")
     state = page.locator("#rj-limiter table.rj-state")
     state.wait_for()
-    assert state.locator("tr", has_text="ceiling").inner_text().endswith("20 per 1 s (burst 5)")
+    assert state.locator("tr", has_text="ceiling").inner_text().endswith("20/s (burst 5)")
     lines = state.locator("tr:has(th:text-is('limit'))").all_inner_texts()
     assert len(lines) == 2, lines
     assert "10 per 60 s (burst 10): 7 left, full in 1" in lines[0]

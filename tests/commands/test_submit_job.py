@@ -17,6 +17,7 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from ratejobs.management.commands import submit_job
+from ratejobs.management.messages import clause, refusal
 from ratejobs.models import Call, Job
 from ratejobs.services.apis import api_create
 from tests.realparts import PROJECT_ROOT, database_url
@@ -83,6 +84,35 @@ def test_a_bad_line_is_named_and_nothing_is_stored(
         submit("--api", api.name, "--file", str(calls))
     assert "nothing was stored" in str(raised.value)
     assert (Job.objects.count(), Call.objects.count()) == (1, 3)
+
+
+def test_every_bad_line_is_listed_one_a_line(api, root, tmp_path):
+    calls = tmp_path / "calls.csv"
+    calls.write_text("path,method,json\n/a,GET,{oops\n/../x,GET,\n/c,BREW,\n")
+    with pytest.raises(CommandError) as raised:
+        submit("--api", api.name, "--file", str(calls))
+    lines = str(raised.value).splitlines()
+    assert lines[0] == f"{calls}: nothing was stored, for these errors:"
+    assert [line.split(":")[0] for line in lines[1:]] == ["  line 2", "  line 3", "  line 4"]
+    assert Job.objects.count() == 0
+
+
+def test_a_refusal_reads_as_one_sentence(api, root, tmp_path):
+    # given a priority below 1, which Django words as a sentence ending in a period
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text('{"path": "/a"}\n')
+    with pytest.raises(CommandError) as raised:
+        submit("--api", api.name, "--file", str(calls), "--priority", "0")
+    message = str(raised.value)
+    assert message.endswith("greater than or equal to 1; nothing was stored")
+    assert ".;" not in message
+
+
+def test_messages_are_joined_without_their_periods():
+    assert refusal("line 2: bad.", " no call. ", "", "nothing was stored") == (
+        "line 2: bad; no call; nothing was stored"
+    )
+    assert clause("wait...") == "wait..."
 
 
 def test_unknown_api_owner_file_or_format_are_clear_errors(api, root, tmp_path, django_user_model):

@@ -11,6 +11,7 @@ from django.utils import timezone
 from ratejobs.limiter import WaitTooLong
 from ratejobs.limiter.buckets import key_buckets
 from ratejobs.models import Call
+from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services import apis as api_services
 from ratejobs.services import credentials as credential_services
 from ratejobs.services.apis import api_limiter, api_limiter_reset, redis_client
@@ -31,7 +32,7 @@ def test_a_block_on_one_key_stops_only_that_keys_bucket(make_api):
         api_limiter(api, "acme").acquire(max_wait=0.1)
     assert api_limiter(api, "globex").acquire(max_wait=0.1).waited < 0.1
     assert api_limiter(api).acquire(max_wait=0.1).waited < 0.1
-    buckets = key_buckets(redis_client(), api.name)
+    buckets = key_buckets(redis_client(), api.name, key_prefix=limiter_key_prefix())
     assert (buckets.live, [b.key for b in buckets.top]) == (2, ["acme"])
     assert buckets.top[0].blocked_for > 25
     # and a reset of the API resets every key's bucket

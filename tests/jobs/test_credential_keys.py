@@ -12,6 +12,7 @@ from django.db import connection
 
 from ratejobs.limiter.buckets import key_buckets
 from ratejobs.models import Api, ApiCredential, Call, Job, ThrottleEvent
+from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services.apis import (
     api_create,
     api_limiter,
@@ -26,7 +27,9 @@ from tests.realparts import wait_for_job
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RATE = 8  # per second, for the API and for each key at the sandbox
-CALLS_PER_KEY = 32
+# Two seconds of calls per key: the three keys together still fill a second with more than one
+# key's bucket allows.
+CALLS_PER_KEY = 16
 KEYS = ("acme", "globex", "initech")
 # Room at the sandbox above the API's burst of 1: its quota headers then never read 0, which
 # would block the key's bucket until their reset (as they should: that is the quota hint).
@@ -73,7 +76,7 @@ def test_three_keys_run_at_the_rate_each_with_no_429_and_no_secret_anywhere(
         assert bucket["worst_window_admitted"] <= one_bucket
     assert stats["worst_window_admitted"] > one_bucket
     # each key's bucket exists in Redis with the API's limits and version
-    buckets = key_buckets(redis_client(), api.name)
+    buckets = key_buckets(redis_client(), api.name, key_prefix=limiter_key_prefix())
     assert buckets.live == len(KEYS) and buckets.complete
     for key in KEYS:
         state = api_limiter(api, key).state()

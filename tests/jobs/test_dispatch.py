@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from project.celery import app
 from ratejobs.models import Call, Job
+from ratejobs.namespace import broker_key
 from ratejobs.services.apis import api_create
 from ratejobs.services.dispatch import dispatch_api, dispatch_window
 from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume
@@ -47,7 +48,7 @@ def calls(n: int) -> list[dict]:
 def calls_in_broker(broker: redis.Redis) -> int:
     """Call ids in the queue's messages (a message carries several calls of one job)."""
     count = 0
-    for raw in broker.lrange(BROKER_QUEUE, 0, -1):
+    for raw in broker.lrange(broker_key(BROKER_QUEUE), 0, -1):
         message = json.loads(raw)
         if message["headers"]["task"] == "ratejobs.execute_calls":
             body = json.loads(base64.b64decode(message["body"]))

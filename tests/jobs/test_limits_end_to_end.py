@@ -21,7 +21,7 @@ from ratejobs.services.calls import (
     calls_reserve_slots,
 )
 from ratejobs.services.jobs import job_create
-from tests.realparts import launch_worker, wait_for_job
+from tests.realparts import wait_for_job
 from tests.sandbox.conftest import worst_window_excess
 
 # An arrival reaches the sandbox a few milliseconds after its grant, and not always the same
@@ -29,20 +29,6 @@ from tests.sandbox.conftest import worst_window_excess
 # this many more units of burst than the limiter's so that jitter is no 429, and a window of
 # its log may hold this many more than the limiter's bound.
 JITTER_UNITS = 2
-
-
-@pytest.fixture(scope="module")
-def worker(django_db_setup, redis_url, tmp_path_factory):
-    """One worker process set for the jobs of this module: starting and stopping one takes
-    seconds, its jobs a few each."""
-    from project.celery import app
-
-    app.conf.broker_url = redis_url
-    app.control.purge()
-    started = launch_worker(redis_url, tmp_path_factory.mktemp("limits") / "worker.log")
-    yield started
-    started.stop()
-    app.control.purge()
 
 
 def _owner():
@@ -91,7 +77,7 @@ def test_a_claimed_batch_reserves_each_call_s_cost_and_records_what_it_used(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_job_under_a_rate_and_a_longer_window_runs_at_the_lower_with_no_429s(
-    sandbox, worker, unique_name
+    sandbox, shared_worker, unique_name
 ):
     # given the issue's 20/s and 300/min with the minute 20 times shorter: 20/s and 15 per 3 s
     # (burst 15) still allow 5 a second, a quarter of the rate, once the window's burst is
@@ -127,7 +113,7 @@ def test_a_job_under_a_rate_and_a_longer_window_runs_at_the_lower_with_no_429s(
 
 @pytest.mark.django_db(transaction=True)
 def test_a_tokens_per_second_budget_holds_with_estimates_over_and_under_the_tokens_used(
-    sandbox, worker, unique_name
+    sandbox, shared_worker, unique_name
 ):
     # given a sandbox with a budget of 600 tokens a second (burst 600; a tokens-per-minute
     # budget 60 times faster, so the job takes seconds) charging each request the tokens it

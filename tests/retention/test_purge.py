@@ -14,6 +14,7 @@ from django.core.management import CommandError, call_command
 from project.celery import app
 from ratejobs import tasks
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
+from ratejobs.namespace import broker_key, redis_key
 from ratejobs.services.retention import (
     PURGE_TASK,
     JobPurgeRefused,
@@ -142,13 +143,13 @@ def test_purge_requests_of_many_jobs_share_one_task(
     def purge_messages() -> list[bytes]:
         return [
             raw
-            for raw in redis_client.lrange(queue, 0, -1)
+            for raw in redis_client.lrange(broker_key(queue), 0, -1)
             if json.loads(raw)["headers"]["task"] == PURGE_TASK
         ]
 
     for message in purge_messages():  # left by an interrupted run
-        redis_client.lrem(queue, 0, message)
-    redis_client.delete("ratejobs:purge:pending")
+        redis_client.lrem(broker_key(queue), 0, message)
+    redis_client.delete(redis_key("purge", "pending"))
     with django_capture_on_commit_callbacks(execute=True):
         for job in jobs:
             job_purge_request(job=job)

@@ -93,8 +93,13 @@ ADMIN = [
           ("login", "login", 200, 200, 200)),
     Route("admin:ratejobs_api_change", "POST", f"{_A}/{{api_id}}/change/",
           ("login", "login", 403, 302, 302), "api_form"),
+    # reset and block ask first (a GET shows the confirmation), and only managers get that far
+    Route("admin:ratejobs_api_reset", "GET", f"{_A}/{{api_id}}/reset/",
+          ("login", "login", 403, 200, 200)),
     Route("admin:ratejobs_api_reset", "POST", f"{_A}/{{api_id}}/reset/",
-          ("login", "login", 403, 302, 302)),
+          ("login", "login", 403, 302, 302), "confirmed"),
+    Route("admin:ratejobs_api_block", "GET", f"{_A}/{{api_id}}/block/?seconds=0.5",
+          ("login", "login", 403, 200, 200)),
     Route("admin:ratejobs_api_block", "POST", f"{_A}/{{api_id}}/block/",
           ("login", "login", 403, 302, 302), "block"),
     Route("admin:ratejobs_api_credential_save", "POST", f"{_A}/{{api_id}}/credentials/",
@@ -119,8 +124,10 @@ ADMIN = [
           ("login", "login", 404, 404, 200)),
     Route("admin:ratejobs_job_act", "POST", f"{_J}/{{job}}/act/pause/",
           ("login", "login", 404, 404, 302)),
+    Route("admin:ratejobs_job_act", "GET", f"{_J}/{{job}}/act/cancel/",
+          ("login", "login", 404, 404, 200)),
     Route("admin:ratejobs_job_act", "POST", f"{_J}/{{job}}/act/cancel/",
-          ("login", "login", 404, 404, 302)),
+          ("login", "login", 404, 404, 302), "confirmed"),
     Route("admin:ratejobs_job_act", "POST", f"{_J}/{{job}}/act/resume/",
           ("login", "login", 404, 404, 302)),
     Route("admin:ratejobs_job_act", "POST", f"{_J}/{{job}}/act/retry-failed/",
@@ -196,7 +203,9 @@ def payload(name: str, world: dict[str, Any], role: str) -> dict[str, Any]:
                 "max_throttled_retries": 50, "timeout": 30, "default_headers": "{}",
                 "auth_header": "Authorization", "credential_env": ""}  # fmt: skip
     if name == "block":
-        return {"seconds": "0.5"}
+        return {"seconds": "0.5", "post": "yes"}
+    if name == "confirmed":  # from a confirmation page (reset, cancel)
+        return {"post": "yes"}
     if name == "new_credential":
         return {"key": f"k-{role}", "secret": "secret-of-the-api-key"}
     if name == "secret":

@@ -7,6 +7,7 @@ KEYS[2] state hash
 KEYS[3] leases sorted set (lease id -> expiry, µs)
 KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
 KEYS[5] headroom history of the cost windows (prelude's record_headroom), for settle.lua
+KEYS[6] rate history sorted set (prelude's "Rate history"), sampled as grants are made
 ARGV[1] weight: units this call costs, 1 <= weight <= burst
 ARGV[2] lease id, a random token chosen by the caller
 ARGV[3] lease time-to-live in µs; a lease expires this long after its slot, so a killed
@@ -19,6 +20,8 @@ ARGV[8] cost: units this call takes from each "cost" window (tokens), >= 0; abse
 ARGV[9] cost_seq of the reservation being confirmed (its reply's), -1 when asking anew: a
         reservation that no longer holds (a block, a holder a slot late) gives its cost back
         to the cost windows before a new one is made (prelude's give_back)
+ARGV[10] rate history: µs between samples taken at grants; absent: nothing is sampled
+ARGV[11] rate history: samples kept (the newest); absent: nothing is sampled
 
 Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
   0 GRANTED         send now; slot_us is the granted slot (<= now_us)
@@ -33,7 +36,8 @@ Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
   cost_seq is the new reservation's number in the cost windows' history (pass it to
   settle.lua), -1 when no reservation was made now or the request takes nothing from them
 Counts grants, new reservations (waits, with their wait), TOO_LONG and AT_CAPACITY answers in
-the state hash (prelude's COUNTERS).
+the state hash (prelude's COUNTERS); a grant samples the rate history when its last sample is
+ARGV[10] old.
 ]]
 
 local cfg = load_config(KEYS[1])
@@ -53,6 +57,7 @@ local held_slot = tonumber(ARGV[5])
 local held_generation = tonumber(ARGV[6])
 local now = now_us()
 local st = load_state(KEYS[2], now)
+use_history(st, KEYS[6], ARGV[10], ARGV[11])
 load_windows(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
 

@@ -10,6 +10,7 @@ KEYS[2] state hash
 KEYS[3] leases sorted set (lease id -> expiry, µs)
 KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
 KEYS[5] headroom history of the cost windows (prelude's record_headroom), for settle.lua
+KEYS[6] rate history sorted set (prelude's "Rate history"), sampled as grants are made
 ARGV[1] weight of each request, 1 <= weight <= burst
 ARGV[2] count: slots wanted, >= 1
 ARGV[3] lease id prefix, a random token chosen by the caller; slot i's lease is
@@ -19,6 +20,8 @@ ARGV[5] longest acceptable wait in µs, -1 for no limit: no slot further away is
 ARGV[6] the caller's config version (configure.lua's ARGV[9]), 0 when unversioned
 ARGV[7] the costs of the slots in "cost" windows, comma-separated (slot i's is the i-th), ""
         or absent when every slot costs 0
+ARGV[8] rate history: µs between samples taken at grants; absent: nothing is sampled
+ARGV[9] rate history: samples kept (the newest); absent: nothing is sampled
 
 Returns {code, hint_us, generation, now_us, cost_seqs, slot_1, ..., slot_n}, n <= count, slots
 ascending; cost_seqs is "seq_1,...,seq_n", each slot's number in the cost windows' history
@@ -31,7 +34,8 @@ ascending; cost_seqs is "seq_1,...,seq_n", each slot's number in the cost window
   slot_i <= now_us: granted now (send at once); slot_i > now_us: reserved like acquire.lua's
   WAIT: sleep until it, then confirm it with acquire.lua (ARGV[5], ARGV[6] = slot_i and
   generation) right before sending, so a block or rate cut that came meanwhile is seen.
-Counts grants, waits, and one TOO_LONG or AT_CAPACITY answer when it stopped early.
+Counts grants, waits, and one TOO_LONG or AT_CAPACITY answer when it stopped early; a slot
+granted now samples the rate history as acquire.lua's grant does (at most one sample a call).
 ]]
 
 local cfg = load_config(KEYS[1])
@@ -55,6 +59,7 @@ local ttl = tonumber(ARGV[4])
 local max_wait = tonumber(ARGV[5])
 local now = now_us()
 local st = load_state(KEYS[2], now)
+use_history(st, KEYS[6], ARGV[8], ARGV[9])
 load_windows(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
 local room = free_leases(cfg, KEYS[3], now)

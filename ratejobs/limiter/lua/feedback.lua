@@ -4,9 +4,13 @@ quota the headers say is used up) and/or signal throttling (a 429), which cuts t
 
 KEYS[1] config hash
 KEYS[2] state hash
+KEYS[3] rate history sorted set (prelude's "Rate history"): an accepted cut is sampled
 ARGV[1] generation of the grant the signal is about, -1 when it is about no grant
 ARGV[2] block duration in µs, 0 for none
 ARGV[3] 1 when the API throttled the request (a 429), else 0
+ARGV[4] rate history: µs between samples taken at grants (acquire.lua's ARGV[10]; a cut is
+        sampled whatever the spacing); absent: nothing is sampled
+ARGV[5] rate history: samples kept (the newest); absent: nothing is sampled
 
 Returns {code, accepted, generation, blocked_until_us, now_us, rate_before, rate_after}
   code 0 done, 4 NOT_CONFIGURED (nothing changed)
@@ -26,7 +30,9 @@ if not cfg then
 end
 local now = now_us()
 local st = load_state(KEYS[2], now)
+use_history(st, KEYS[3], ARGV[4], ARGV[5])
 local accepted, rate_before = apply_feedback(KEYS, cfg, st, now, tonumber(ARGV[1]),
   tonumber(ARGV[2]), ARGV[3] == '1')
+sample_cut(KEYS[2], cfg, st, now)
 return {0, accepted, st.generation, st.blocked_until, now, as_string(rate_before),
   as_string(current_rate(cfg, st, now))}

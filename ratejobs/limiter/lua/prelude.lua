@@ -32,6 +32,7 @@ State hash fields:
                  them were reported 429 after its throttle (sent while it was in flight)
   n_<event>      running counts for metrics (COUNTERS below), kept here so that every worker
                  on every machine adds to one total without an extra round trip
+  sampled_at     when the rate history (below, "Rate history") was last sampled
   w<i>_tat_us/_frac, w<i>_granted_tat_us/_frac, w<i>_generation
                  the same schedules for window i of the config's `windows` (1-based): every
                  grant must also conform to each window. A window's reservations belong to the
@@ -53,6 +54,11 @@ end
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- A number as Redis replies carry it without losing precision (Lua numbers become integers).
+local function as_string(x)
+  return string.format('%.17g', x)
 end
 
 -- The config's windows ("rate,period,burst,unit;..."), each with its interval in µs per unit.
@@ -101,7 +107,7 @@ local function load_state(key, now)
   local v = redis.call('HMGET', key, 'tat_us', 'tat_frac', 'granted_tat_us', 'granted_tat_frac',
     'blocked_until', 'generation', 'wmax', 'wstart', 'decreased_at', 'learned', 'learn_sure',
     'learn_target', 'learn_from', 'learn_grants', 'learn_base_us', 'learn_base_grants',
-    'learn_base_gen', 'learn_base_late')
+    'learn_base_gen', 'learn_base_late', 'sampled_at')
   return {
     tat = ((tonumber(v[1]) or 0) - now) + (tonumber(v[2]) or 0),
     granted_tat = ((tonumber(v[3]) or 0) - now) + (tonumber(v[4]) or 0),
@@ -119,6 +125,7 @@ local function load_state(key, now)
     learn_base_grants = tonumber(v[16]),
     learn_base_gen = tonumber(v[17]),
     learn_base_late = tonumber(v[18]) or 0,
+    sampled_at = tonumber(v[19]) or 0,
   }
 end
 
@@ -343,8 +350,58 @@ end
 local COUNTERS = {'grants', 'waits', 'wait_us', 'too_long', 'at_capacity', 'throttles',
   'blocks', 'decreases'}
 
+-- Returns the new count.
 local function count(state_key, event, by)
-  redis.call('HINCRBY', state_key, 'n_' .. event, by or 1)
+  return redis.call('HINCRBY', state_key, 'n_' .. event, by or 1)
+end
+
+-- Rate history: the adaptive rate over time, for the operator's chart (Limiter.rate_history).
+-- A sorted set (the scripts' history key, scored by µs) of members
+-- "<at_us>:<rate>:<period>:<grants>": the rate granted at (requests per period) and the grants
+-- counter then, so two samples also give the grants between them. Grants add a sample at most
+-- every `every` µs (the time of the last one is the state's sampled_at, read with the rest of
+-- the state: a grant between samples costs nothing more); an accepted rate cut always adds
+-- two, the rate just before it and the rate after, so the cut shows at once and as a step.
+-- The set keeps the newest `kept` samples. st.history is {key, every, kept}, or nil when the
+-- caller passed none (then nothing is sampled); set it with use_history.
+local function use_history(st, key, every, kept)
+  every, kept = tonumber(every), tonumber(kept)
+  if key and every and kept and kept > 0 then
+    st.history = {key = key, every = every, kept = kept}
+  end
+end
+
+local function add_samples(state_key, st, now, samples)
+  local args = {}
+  for _, sample in ipairs(samples) do
+    local at, rate, period, grants = sample[1], sample[2], sample[3], sample[4]
+    args[#args + 1] = at
+    -- as_string, not '..': Lua's own number format keeps 14 digits, a µs time has 16
+    args[#args + 1] = as_string(at) .. ':' .. as_string(rate) .. ':' .. as_string(period) .. ':'
+      .. as_string(grants)
+  end
+  redis.call('ZADD', st.history.key, unpack(args))
+  redis.call('ZREMRANGEBYRANK', st.history.key, 0, -st.history.kept - 1)
+  redis.call('HSET', state_key, 'sampled_at', now)
+  st.sampled_at = now
+end
+
+-- After a grant (`grants` is the counter now): a sample when the last is `every` µs old.
+local function sample_grant(state_key, cfg, st, now, grants)
+  if st.history and now - st.sampled_at >= st.history.every then
+    add_samples(state_key, st, now, {{now, current_rate(cfg, st, now), cfg.period, grants}})
+  end
+end
+
+-- After the feedback scripts' signals, when they cut the rate (apply_feedback sets st.cut_from
+-- to the rate before the first cut): the rate before and after, 1 µs apart, whatever the
+-- spacing; several cuts at one instant (feedback_many) make one step.
+local function sample_cut(state_key, cfg, st, now)
+  if st.history and st.cut_from then
+    local grants = tonumber(redis.call('HGET', state_key, 'n_grants')) or 0
+    add_samples(state_key, st, now, {{now - 1, st.cut_from, cfg.period, grants},
+      {now, current_rate(cfg, st, now), cfg.period, grants}})
+  end
 end
 
 -- GCRA with reservation: the earliest slot at which `weight` more units conform, as an offset
@@ -377,10 +434,6 @@ local function too_big(cfg, weight, cost)
 end
 
 
-local function as_string(x)
-  return string.format('%.17g', x)
-end
-
 -- The acquire scripts' steps (acquire.lua one slot at a time, acquire_many.lua several).
 -- `keys` is their KEYS: config hash, state hash, leases sorted set, released list. Schedule
 -- changes are made to `st` in memory; the script stores them once at its end (store_time).
@@ -404,7 +457,7 @@ local function grant_slot(keys, cfg, st, now, lease_id, ttl, slot, weight, inter
       st.w[i].granted = math.max(st.w[i].granted, slot - now) + units * win.interval
     end
   end
-  count(keys[2], 'grants')
+  sample_grant(keys[2], cfg, st, now, count(keys[2], 'grants'))
 end
 
 -- Take the slot `wait` from now (next_slot_offset's answer) with its lease: granted at once when
@@ -567,6 +620,7 @@ local function apply_feedback(keys, cfg, st, now, generation, block, throttled)
         learn_from_throttle(keys, cfg, st, now, rate_before)
       end
       count(keys[2], 'decreases')
+      st.cut_from = st.cut_from or rate_before
     end
     new_generation(keys[2], st, now)
   elseif throttled and cfg.adaptive and cfg.learn and generation == st.learn_base_gen then

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
-from ratejobs.management.messages import validation_problems
+from ratejobs.management.messages import refusal, validation_problems
 from ratejobs.models import Api, api_windows
 from ratejobs.selectors.apis import api_list
 from ratejobs.services.apis import api_update
@@ -69,7 +69,7 @@ class Command(BaseCommand):
                 if changes:
                     api = api_update(api=api, **changes)
         except ValidationError as exc:
-            raise CommandError(f"{validation_problems(exc)}; nothing was changed") from None
+            raise CommandError(refusal(validation_problems(exc), "nothing was changed")) from None
         if changes:
             self.stdout.write(f"{api.name}: limits changed (version {api.limits_version})")
         self.stdout.write(limits_text(api))

@@ -16,6 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 
 from ratejobs.management.input_files import add_file_arguments, input_format, opened_input
+from ratejobs.management.messages import refusal
 from ratejobs.selectors.apis import api_list
 from ratejobs.services.credentials import MAX_CREDENTIALS_PER_REQUEST, credentials_add
 
@@ -52,9 +53,9 @@ class Command(BaseCommand):
                     added += credentials_add(api=api, items=batch, replace=options["replace"])
         except ValidationError as exc:
             # by item number within its batch, never a secret
-            raise CommandError(f"{'; '.join(exc.messages)}; nothing was stored") from None
+            raise CommandError(refusal(*exc.messages, "nothing was stored")) from None
         except ValueError as exc:
-            raise CommandError(f"{exc}; nothing was stored") from None
+            raise CommandError(refusal(str(exc), "nothing was stored")) from None
         self.stdout.write(f"{added} credentials stored for {api.name} (encrypted)")
 
 

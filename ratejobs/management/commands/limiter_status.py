@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
 from ratejobs.limiter.buckets import KeyBuckets
 from ratejobs.models import Api
+from ratejobs.namespace import limiter_namespace
 from ratejobs.selectors.apis import api_key_buckets, api_limiter_state, api_list, window_text
 
 COLUMNS = ("API", "RATE NOW", "CEILING", "BURST", "ADAPTIVE", "BLOCKED", "NEXT SLOT",
@@ -32,7 +33,8 @@ class Command(BaseCommand):
         keys = {api.name: _key_buckets(api) for api in apis}
         if options["json"]:
             self.stdout.write(json.dumps(
-                [{**_as_json(s), "key_buckets": dataclasses.asdict(keys[name])}
+                [{**_as_json(s), "namespace": limiter_namespace(),
+                  "key_buckets": dataclasses.asdict(keys[name])}
                  for name, s in states.items()],
                 indent=2,
             ))  # fmt: skip
@@ -43,9 +45,10 @@ class Command(BaseCommand):
         rows = [COLUMNS, *(_row(api, states[api.name]) for api in apis)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
         for api, row in zip([None, *apis], rows, strict=True):
-            self.stdout.write(
-                "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-            )
+            line = "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            if api is None:  # whose limiters these are, when deployments share one Redis
+                line += f"  (namespace {limiter_namespace()})"
+            self.stdout.write(line)
             # each further limit on a line of its own, under its API
             for window in _windows(states[api.name]) if api is not None else ():
                 self.stdout.write(f"  limit {window.window.label}: {window_text(window)}")

@@ -15,13 +15,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 
 from ratejobs.management.input_files import add_file_arguments, input_format, opened_input
-from ratejobs.management.messages import validation_problems
+from ratejobs.management.messages import clause, refusal, validation_problems
 from ratejobs.models import MAX_PRIORITY, Api, Job
 from ratejobs.permissions import can_submit_jobs
 from ratejobs.selectors.apis import api_list
 from ratejobs.selectors.jobs import duration_text, job_eta_seconds, job_paces
-from ratejobs.services.jobs import CallsInvalid, job_create
-from ratejobs.uploads import UploadError, calls_from_upload
+from ratejobs.uploads import UploadError, calls_from_upload, job_submit_from_file
 
 BAR_WIDTH = 30
 # Without a terminal (CI logs, pipes) a redrawn bar is noise: print a line this often instead.
@@ -102,8 +101,7 @@ class Command(BaseCommand):
         self, api: Api, owner: Any, path: str, fmt: str, stream: Any, where: str, options: dict
     ) -> Job:
         try:
-            calls = calls_from_upload(f"calls.{fmt}", stream)
-            return job_create(
+            job, _ = job_submit_from_file(
                 owner=owner,
                 api=api,
                 name=options["name"] or ("calls from standard input" if path == "-" else
@@ -113,20 +111,26 @@ class Command(BaseCommand):
                 deadline=options["deadline"],
                 callback_url=options["callback_url"],
                 credential_key=options["credential_key"],
-                calls=calls,
+                calls=calls_from_upload(f"calls.{fmt}", stream),
             )  # fmt: skip
-        except UploadError as exc:
-            raise CommandError(f"{where}: {exc}; nothing was stored") from None
-        except CallsInvalid as exc:
-            problems = "; ".join(calls.error_messages(exc))
-            raise CommandError(f"{where}: {problems}; nothing was stored") from None
+            return job
+        except UploadError as exc:  # every bad line of the file (up to a count), one a line
+            problems = [clause(message) for message in exc.messages()]
+            if len(problems) == 1:
+                raise CommandError(
+                    refusal(f"{where}: {problems[0]}", "nothing was stored")
+                ) from None
+            listed = "".join(f"\n  {problem}" for problem in problems)
+            raise CommandError(f"{where}: nothing was stored, for these errors:{listed}") from None
         except ValidationError as exc:
-            raise CommandError(f"{validation_problems(exc)}; nothing was stored") from None
+            raise CommandError(refusal(validation_problems(exc), "nothing was stored")) from None
         except PermissionDenied as exc:
             raise CommandError(f"{exc} Nothing was stored.") from None
         except OSError as exc:  # the file went away or failed while being read
-            raise CommandError(f"cannot read {where}: {exc}; nothing was stored") from None
-        except KeyboardInterrupt:  # job_create's transaction has rolled back
+            raise CommandError(
+                refusal(f"cannot read {where}: {exc}", "nothing was stored")
+            ) from None
+        except KeyboardInterrupt:  # the job's transaction has rolled back
             raise CommandError(
                 f"interrupted while reading {where}; nothing was stored",
                 returncode=EXIT_INTERRUPTED,

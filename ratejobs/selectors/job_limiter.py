@@ -1,0 +1,277 @@
+"""A job's API limiter as the job page shows it: the rate it granted over the job's run, when it
+was blocked and why, and whether it is blocked now."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import F, QuerySet
+from django.utils import timezone
+
+from ratejobs.limiter import LimiterError
+from ratejobs.models import Job, ThrottleEvent
+from ratejobs.selectors.apis import api_limiter_state, api_rate_history
+from ratejobs.selectors.jobs import (
+    Timeline,
+    clock_text,
+    job_is_final,
+    job_timeline,
+    seconds_text,
+)
+
+# What stops every call of an API for a while, with the seconds in `retry_after`: an
+# operator's block, a 429's Retry-After (or the limiter's default pause after a 429), a quota
+# the rate limit headers said was spent.
+BLOCKING_KINDS = (
+    ThrottleEvent.Kind.BLOCKED,
+    ThrottleEvent.Kind.THROTTLED,
+    ThrottleEvent.Kind.QUOTA_EXHAUSTED,
+)
+# Blocks that began this long before the job started may still have held its first calls.
+BLOCKS_BEFORE_START = timedelta(hours=1)
+# A chart never reads more events than this for its blocks (the newest) or its rate cuts: a
+# long job at war with its API can have tens of thousands of 429s, and their blocks overlap
+# into far fewer shaded spans.
+MAX_CHART_EVENTS = 5000
+# The rate line keeps at most this many steps (about one per two pixels of the chart), each
+# bin keeping its lowest rate, so a cut is never smoothed away.
+MAX_RATE_STEPS = 360
+# The banner looks for the block that explains the limiter's among this many newest ones.
+RECENT_BLOCKS = 20
+# Rate changes written with 429s and rate cuts: the rate line's fallback before the limiter
+# kept samples of its own.
+RATE_EVENT_KINDS = (ThrottleEvent.Kind.THROTTLED, ThrottleEvent.Kind.RATE_DECREASED)
+
+
+@dataclass(frozen=True)
+class BlockSpan:
+    """A stretch of the chart when no call of the API could be sent, in seconds from its start."""
+
+    start: float
+    end: float
+    title: str
+
+
+@dataclass(frozen=True)
+class JobChart:
+    """What the job page's chart draws: calls/s and 429s per bucket (the timeline), the rate the
+    limiter granted as steps of (seconds from start, calls/s), its ceiling, and its blocks."""
+
+    timeline: Timeline
+    span_seconds: float
+    ceiling_per_second: float
+    adaptive: bool
+    rate_steps: list[tuple[float, float]]
+    rate_source: str  # where rate_steps come from, said in the chart's legend
+    blocks: list[BlockSpan]
+
+    @property
+    def start(self) -> datetime:
+        return self.timeline.start
+
+
+@dataclass(frozen=True)
+class BlockNotice:
+    """The job's API is blocked now: until when and why."""
+
+    until: datetime
+    for_seconds: float
+    reason: str
+    api_name: str
+
+    @property
+    def text(self) -> str:
+        return (
+            f"The API “{self.api_name}” is blocked until {clock_text(self.until)} "
+            f"(for {seconds_text(self.for_seconds)} more): {self.reason}. "
+            "No call is sent until then."
+        )
+
+    def as_json(self) -> dict:
+        return {
+            "until": clock_text(self.until),
+            "for_seconds": round(self.for_seconds, 1),
+            "reason": self.reason,
+            "text": self.text,
+        }
+
+
+def block_reason_text(event: ThrottleEvent | None, *, job: Job | None = None) -> str:
+    """Why an API was blocked, from the event that blocked it: "manual block by an operator",
+    "Retry-After 5.0 s from a 429 on call 17" (the call's index in its job; "of job 12" when
+    it is not `job`)."""
+    if event is None:
+        return "reason not recorded"
+    if event.kind == ThrottleEvent.Kind.BLOCKED:
+        return "manual block by an operator"
+    call = ""
+    index = getattr(event, "call_index", None)
+    if index is not None:
+        call = f" on call {index}"
+        if job is None or event.job_id != job.pk:
+            call += f" of job {event.job_id}"
+    wait = seconds_text(event.retry_after) if event.retry_after else "a pause"
+    if event.kind == ThrottleEvent.Kind.QUOTA_EXHAUSTED:
+        return f"quota used up (rate limit headers){call}: blocked {wait}"
+    return f"Retry-After {wait} from a {event.status_code or 429}{call}"
+
+
+def _blocking_events(job: Job) -> QuerySet[ThrottleEvent]:
+    """Events that blocked the job's API, newest first, with their call's index."""
+    return (
+        ThrottleEvent.objects.filter(api_id=job.api_id, kind__in=BLOCKING_KINDS)
+        .exclude(retry_after__isnull=True)
+        .annotate(call_index=F("call__index"))
+        .order_by("-created", "-pk")
+    )
+
+
+def job_block_notice(job: Job) -> BlockNotice | None:
+    """The block holding the job's API now, if any; None when it is not blocked, when the job
+    is final, or when Redis cannot be read (the page works on without the banner)."""
+    if job_is_final(job):
+        return None
+    try:
+        blocked_for = api_limiter_state(job.api).blocked_for
+    except LimiterError:
+        return None
+    if blocked_for <= 0:
+        return None
+    # The clock time on the web server's clock: Redis's may differ, its remaining seconds do not.
+    until = timezone.now() + timedelta(seconds=blocked_for)
+    reason = block_reason_text(_block_holding_until(job, until), job=job)
+    return BlockNotice(until=until, for_seconds=blocked_for, reason=reason, api_name=job.api.name)
+
+
+def _block_holding_until(job: Job, until: datetime) -> ThrottleEvent | None:
+    """Of the API's newest blocks, the one whose end is nearest `until`: a 1 s pause after a 429
+    during an operator's 60 s block does not explain why the API is blocked for a minute."""
+    recent = list(_blocking_events(job)[:RECENT_BLOCKS])
+    return min(
+        recent,
+        key=lambda event: abs(_offset(event.created, until) + event.retry_after),
+        default=None,
+    )
+
+
+def job_chart(job: Job) -> JobChart | None:
+    """The job's chart; None before it starts."""
+    timeline = job_timeline(job)
+    if timeline is None:
+        return None
+    span = len(timeline.calls_per_second) * timeline.bucket_seconds
+    end = min(job.finished or timezone.now(), timeline.start + timedelta(seconds=span))
+    ceiling = job.api.rate / job.api.period
+    steps, source = _rate_steps(job, timeline.start, end, ceiling)
+    return JobChart(
+        timeline=timeline,
+        span_seconds=span,
+        ceiling_per_second=ceiling,
+        adaptive=job.api.adaptive,
+        rate_steps=steps,
+        rate_source=source,
+        blocks=_block_spans(job, timeline.start, end),
+    )
+
+
+def _offset(moment: datetime, start: datetime) -> float:
+    return (moment - start).total_seconds()
+
+
+def _rate_steps(
+    job: Job, start: datetime, end: datetime, ceiling: float
+) -> tuple[list[tuple[float, float]], str]:
+    """The granted rate as (seconds from start, calls/s) from the limiter's own samples; without
+    them, from the rate cuts the throttle events recorded (the ceiling until the first); a
+    fixed-rate API grants its ceiling."""
+    length = _offset(end, start)
+    if not job.api.adaptive:
+        return [(0.0, ceiling), (length, ceiling)], "fixed rate"
+    samples = api_rate_history(job.api, since=job.started or start)
+    points = [
+        (_offset(datetime.fromtimestamp(sample.at, UTC), start), sample.rate_per_second)
+        for sample in samples
+    ]
+    points = [(t, rate) for t, rate in points if t <= length]  # none after the job ended
+    source = "adaptive rate"
+    if not points:
+        source = "adaptive rate (from rate cuts)"
+        events = (
+            ThrottleEvent.objects.filter(
+                api_id=job.api_id,
+                kind__in=RATE_EVENT_KINDS,
+                created__gte=start,
+                created__lte=end,
+                rate_after__isnull=False,
+            )
+            .order_by("created", "pk")
+            .values_list("created", "rate_before", "rate_after")[:MAX_CHART_EVENTS]
+        )
+        period = job.api.period
+        for created, before, after in events:
+            if not points:
+                points.append((0.0, before / period))
+            points.append((_offset(created, start), after / period))
+        if not points:
+            points.append((0.0, ceiling))
+    points = [(max(0.0, min(t, length)), rate) for t, rate in points]
+    points = _fewer_steps(points, length)
+    return [*points, (length, points[-1][1])], source
+
+
+def _fewer_steps(points: list[tuple[float, float]], length: float) -> list[tuple[float, float]]:
+    """At most MAX_RATE_STEPS points: within each bin of time, its lowest rate."""
+    if len(points) <= MAX_RATE_STEPS:
+        return points
+    bins: dict[int, tuple[float, float]] = {}
+    for t, rate in points:
+        key = min(int(t / max(length, 1e-9) * MAX_RATE_STEPS), MAX_RATE_STEPS - 1)
+        if key not in bins or rate < bins[key][1]:
+            bins[key] = (t, rate)
+    return [bins[key] for key in sorted(bins)]
+
+
+def _block_spans(job: Job, start: datetime, end: datetime) -> list[BlockSpan]:
+    """The API's blocks over the chart, overlapping ones joined into one span."""
+    events = list(
+        _blocking_events(job).filter(created__gte=start - BLOCKS_BEFORE_START, created__lte=end)[
+            :MAX_CHART_EVENTS
+        ]
+    )
+    events.reverse()  # oldest first
+    groups: list[tuple[float, float, list[ThrottleEvent]]] = []  # (from, to, events), seconds
+    for event in events:
+        begin = _offset(event.created, start)
+        finish = begin + event.retry_after
+        if finish <= 0:
+            continue
+        if groups and begin <= groups[-1][1]:
+            first, last, joined = groups[-1]
+            joined.append(event)
+            groups[-1] = (first, max(last, finish), joined)
+        else:
+            groups.append((begin, finish, [event]))
+    length = _offset(end, start)
+    return [
+        _block_span(job, start, begin, finish, joined, length) for begin, finish, joined in groups
+    ]
+
+
+def _block_span(
+    job: Job,
+    start: datetime,
+    begin: float,
+    finish: float,
+    joined: list[ThrottleEvent],
+    length: float,
+) -> BlockSpan:
+    """One shaded span, titled with its first block's reason and how many more it took in."""
+    began, ended = (start + timedelta(seconds=at) for at in (begin, finish))
+    title = (
+        f"blocked {clock_text(began)} → {clock_text(ended)} ({seconds_text(finish - begin)}): "
+        f"{block_reason_text(joined[0], job=job)}"
+    )
+    if len(joined) > 1:
+        title += f" (and {len(joined) - 1} more block{'s' if len(joined) > 2 else ''})"
+    return BlockSpan(start=max(begin, 0.0), end=min(finish, length), title=title)
