@@ -45,26 +45,31 @@ def test_everything_up_and_a_worker_seen_is_ok(client, settings):
 
 
 def test_no_worker_seen_in_the_last_minute_is_degraded_unless_workers_are_required(
-    client, settings
+    admin_client, settings
 ):
     seen_worker(seconds_ago=90)  # gone, not late
-    status, body = health(client)
+    status, body = health(admin_client)
     assert (status, body["status"]) == (200, "degraded")
     assert body["checks"]["workers"]["status"] == "down"
     assert body["checks"]["workers"]["seen_last_minute"] == 0
     assert "no worker process seen in the last 60 s" in body["checks"]["workers"]["error"]
     settings.RATEJOBS_HEALTH_REQUIRE_WORKERS = True
-    status, body = health(client)
+    status, body = health(admin_client)
     assert (status, body["status"]) == (503, "down")
     assert body["checks"]["workers"]["required"] is True
 
 
-def test_a_dead_redis_is_a_503_naming_redis_and_answers_quickly(client, redis_down):
+def test_a_dead_redis_is_a_503_naming_redis_and_answers_quickly(client, admin_client, redis_down):
     seen_worker(seconds_ago=5)
     started = time.monotonic()
-    status, body = health(client)
+    status, body = health(admin_client)
     assert time.monotonic() - started < 3.0
     assert (status, body["status"]) == (503, "down")
     redis_check = body["checks"]["redis"]
     assert redis_check["status"] == "down" and "ConnectionError" in redis_check["error"]
+    # an anonymous prober gets the same statuses, not the driver's message (hosts and ports)
+    status, anonymous = health(client)
+    assert status == 503
+    assert anonymous["checks"]["redis"]["status"] == "down"
+    assert "error" not in anonymous["checks"]["redis"]
     assert body["checks"]["database"]["status"] == "ok"

@@ -16,7 +16,6 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_POST
 
 from ratejobs.admin.access import ManagerAccess, sees_every_job
-from ratejobs.admin.calls import rate_change_text, retry_after_text
 from ratejobs.admin.cells import clipped, clock_column
 from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import ApiAdminForm
@@ -31,7 +30,13 @@ from ratejobs.selectors.apis import (
     credential_list,
     window_text,
 )
-from ratejobs.selectors.jobs import moment_text, rate_text, seconds_text
+from ratejobs.selectors.jobs import (
+    moment_text,
+    rate_text,
+    seconds_text,
+    throttle_event_story,
+    throttle_event_text,
+)
 from ratejobs.services.apis import (
     EDITABLE_FIELDS,
     api_block,
@@ -512,10 +517,10 @@ class ApiAdmin(ManagerAccess, admin.ModelAdmin):
         if api is not None:
             since = timezone.now() - timedelta(hours=1)
             recent = ThrottleEvent.objects.filter(api=api, created__gte=since)
-            recent_events = list(recent.select_related("job").order_by("-created", "-pk")[:10])
-            for event in recent_events:  # the table's figures, with their units
-                event.retry_after_text = retry_after_text(event)
-                event.rate_change_text = rate_change_text(event, period=api.period)
+            # one row per response (its 429 and the rate cut it caused), as on the job page
+            recent_events = list(throttle_event_story(recent).select_related("job")[:10])
+            for event in recent_events:
+                event.story_text = throttle_event_text(event, period=api.period)
             context.update(
                 can_manage=self.has_change_permission(request, api),
                 visible_job_ids={

@@ -37,9 +37,9 @@ class PartHealth:
     seen_last_minute: int | None = None  # workers only
     same_as: str = ""  # the broker when it is the limiter's Redis: checked once, there
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, *, errors: bool = True) -> dict[str, Any]:
         fields = {"status": self.status, "required": self.required, "ms": self.ms}
-        fields |= {"error": self.error, "seen_last_minute": self.seen_last_minute}
+        fields |= {"error": self.error if errors else "", "seen_last_minute": self.seen_last_minute}
         fields["same_as"] = self.same_as
         return {name: value for name, value in fields.items() if value not in (None, "")}
 
@@ -58,7 +58,9 @@ class HealthReport:
             return DOWN
         return DEGRADED if down else OK
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, *, errors: bool = True) -> dict[str, Any]:
+        """errors=False leaves out why a part is down (a driver's message names internal hosts
+        and ports): a prober needs only the statuses."""
         shared = (
             {}
             if self.limiter_namespace == self.namespace
@@ -68,7 +70,7 @@ class HealthReport:
             "status": self.status,
             "namespace": self.namespace,
             **shared,
-            "checks": {name: part.as_json() for name, part in self.checks.items()},
+            "checks": {name: part.as_json(errors=errors) for name, part in self.checks.items()},
         }
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import F, QuerySet
+from django.db.models import F, QuerySet, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from ratejobs.limiter import LimiterError
@@ -117,10 +118,10 @@ def block_reason_text(event: ThrottleEvent | None, *, job: Job | None = None) ->
     return f"Retry-After {wait} from a {event.status_code or 429}{call}"
 
 
-def _blocking_events(job: Job) -> QuerySet[ThrottleEvent]:
-    """Events that blocked the job's API, newest first, with their call's index."""
+def blocking_events(api_id: int) -> QuerySet[ThrottleEvent]:
+    """Events that blocked the API, newest first, with their call's index."""
     return (
-        ThrottleEvent.objects.filter(api_id=job.api_id, kind__in=BLOCKING_KINDS)
+        ThrottleEvent.objects.filter(api_id=api_id, kind__in=BLOCKING_KINDS)
         .exclude(retry_after__isnull=True)
         .annotate(call_index=F("call__index"))
         .order_by("-created", "-pk")
@@ -140,19 +141,42 @@ def job_block_notice(job: Job) -> BlockNotice | None:
         return None
     # The clock time on the web server's clock: Redis's may differ, its remaining seconds do not.
     until = timezone.now() + timedelta(seconds=blocked_for)
-    reason = block_reason_text(_block_holding_until(job, until), job=job)
+    reason = block_reason_text(block_holding_until(job.api_id, until), job=job)
     return BlockNotice(until=until, for_seconds=blocked_for, reason=reason, api_name=job.api.name)
 
 
-def _block_holding_until(job: Job, until: datetime) -> ThrottleEvent | None:
+def block_holding_until(api_id: int, until: datetime) -> ThrottleEvent | None:
     """Of the API's newest blocks, the one whose end is nearest `until`: a 1 s pause after a 429
     during an operator's 60 s block does not explain why the API is blocked for a minute."""
-    recent = list(_blocking_events(job)[:RECENT_BLOCKS])
-    return min(
-        recent,
-        key=lambda event: abs(_offset(event.created, until) + event.retry_after),
-        default=None,
+    return blocks_holding_until({api_id: until})[api_id]
+
+
+def blocks_holding_until(ends: dict[int, datetime]) -> dict[int, ThrottleEvent | None]:
+    """block_holding_until for several APIs (API id -> when its block ends) in one query."""
+    if not ends:
+        return {}
+    newest_first = Window(
+        RowNumber(), partition_by=[F("api_id")], order_by=[F("created").desc(), F("pk").desc()]
     )
+    recent = (
+        ThrottleEvent.objects.filter(api_id__in=ends, kind__in=BLOCKING_KINDS)
+        .exclude(retry_after__isnull=True)
+        .annotate(call_index=F("call__index"), newest=newest_first)
+        .filter(newest__lte=RECENT_BLOCKS)
+    )
+    by_api: dict[int, list[ThrottleEvent]] = {api_id: [] for api_id in ends}
+    for event in recent:
+        by_api[event.api_id].append(event)
+    return {
+        api_id: min(
+            events,
+            key=lambda event, until=ends[api_id]: abs(
+                _offset(event.created, until) + event.retry_after
+            ),
+            default=None,
+        )
+        for api_id, events in by_api.items()
+    }
 
 
 def job_chart(job: Job) -> JobChart | None:
@@ -235,9 +259,9 @@ def _fewer_steps(points: list[tuple[float, float]], length: float) -> list[tuple
 def _block_spans(job: Job, start: datetime, end: datetime) -> list[BlockSpan]:
     """The API's blocks over the chart, overlapping ones joined into one span."""
     events = list(
-        _blocking_events(job).filter(created__gte=start - BLOCKS_BEFORE_START, created__lte=end)[
-            :MAX_CHART_EVENTS
-        ]
+        blocking_events(job.api_id).filter(
+            created__gte=start - BLOCKS_BEFORE_START, created__lte=end
+        )[:MAX_CHART_EVENTS]
     )
     events.reverse()  # oldest first
     groups: list[tuple[float, float, list[ThrottleEvent]]] = []  # (from, to, events), seconds

@@ -133,6 +133,15 @@ def throttle_event_story_for_job(job: Job) -> QuerySet[ThrottleEvent]:
     blocks &= Q(created__gte=since)
     if job.finished is not None:
         blocks &= Q(created__lte=job.finished)
+    return throttle_event_story(
+        ThrottleEvent.objects.filter(Q(job=job, created__gte=since) | blocks)
+    )
+
+
+def throttle_event_story(events: QuerySet[ThrottleEvent]) -> QuerySet[ThrottleEvent]:
+    """`events` as an operator reads them, newest first: a rate cut written for a call right
+    after its 429 or spent quota is folded into that row (`cut_before`/`cut_after`), so one
+    response is one row. One pass of window functions over `events` (a sort by call)."""
     is_cut, is_response = Q(kind=ThrottleEvent.Kind.RATE_DECREASED), Q(kind__in=RESPONSE_KINDS)
     folded = Case(
         When(
@@ -148,8 +157,7 @@ def throttle_event_story_for_job(job: Job) -> QuerySet[ThrottleEvent]:
         next_at__lte=F("created") + SAME_RESPONSE_WITHIN
     )
     return (
-        ThrottleEvent.objects.filter(Q(job=job, created__gte=since) | blocks)
-        .annotate(
+        events.annotate(
             previous_kind=_next_to(F("kind"), before=True),
             previous_at=_next_to(F("created"), before=True),
             next_kind=_next_to(F("kind"), before=False),

@@ -15,10 +15,8 @@ from django.db.models import (
     Count,
     IntegerField,
     Max,
-    OuterRef,
     Q,
     QuerySet,
-    Subquery,
     Sum,
     When,
 )
@@ -27,6 +25,7 @@ from django.db.models.functions import Trunc
 
 from ratejobs.models import Api, Call, Job, JobSecond, ThrottleEvent, WorkerProcess
 from ratejobs.selectors.apis import LimiterReading, api_limiter_readings, api_list
+from ratejobs.selectors.job_limiter import blocks_holding_until
 from ratejobs.selectors.jobs import job_eta_seconds, job_list_for_user, job_paces
 from ratejobs.services.workers import database_now, owner_is_dead
 
@@ -45,12 +44,6 @@ WORKERS_SEEN_WITHIN_SECONDS = 60
 # The workers sweep dead claims every 10 s and the reconciler runs every
 # RATEJOBS_RECONCILE_INTERVAL: a call is stuck only once these had their chance to fix it.
 STUCK_MARGIN_SECONDS = 30
-# What may have left a call blocked: a 429's Retry-After, a spent quota, an operator's block.
-BLOCK_REASON_KINDS = (
-    ThrottleEvent.Kind.BLOCKED,
-    ThrottleEvent.Kind.THROTTLED,
-    ThrottleEvent.Kind.QUOTA_EXHAUSTED,
-)
 # Running first, then those waiting to run, then those an operator holds.
 IN_PROGRESS = (Job.Status.RUNNING, Job.Status.QUEUED, Job.Status.PAUSED)
 
@@ -133,12 +126,11 @@ def overview_for_user(user: Any) -> Overview:
     apis = list(api_list())
     readings = api_limiter_readings(apis)
     traffic = _traffic_by_api(now)
-    blocked_ids = [
-        api.pk
+    reasons = blocks_holding_until({
+        api.pk: now + timedelta(seconds=state.blocked_for)
         for api in apis
         if (state := readings[api.pk].state) is not None and state.blocked_for > 0
-    ]
-    reasons = _block_reasons(blocked_ids)
+    })  # fmt: skip
     visible_jobs = job_list_for_user(user)
     jobs, jobs_not_shown = _jobs_in_progress(visible_jobs)
     failed_jobs, failed_not_shown = _jobs_with_failures(visible_jobs, now)
@@ -208,20 +200,6 @@ def _traffic_by_api(now: datetime) -> dict[int, ApiTraffic]:
 def _bucket(moment: datetime, since: datetime) -> int:
     index = int((moment - since).total_seconds() // TRAFFIC_BUCKET_SECONDS)
     return min(max(index, 0), TRAFFIC_BUCKETS - 1)
-
-
-def _block_reasons(api_ids: list[int]) -> dict[int, ThrottleEvent]:
-    """The newest event that can block, for each API blocked now, in one query."""
-    if not api_ids:
-        return {}
-    newest = ThrottleEvent.objects.filter(api=OuterRef("pk"), kind__in=BLOCK_REASON_KINDS).order_by(
-        "-created", "-pk"
-    )
-    newest_ids = Api.objects.filter(pk__in=api_ids).annotate(
-        event_id=Subquery(newest.values("pk")[:1])
-    )
-    events = ThrottleEvent.objects.filter(pk__in=newest_ids.values("event_id"))
-    return {event.api_id: event for event in events}
 
 
 def _jobs_in_progress(visible_jobs: QuerySet[Job]) -> tuple[list[JobOverview], int]:

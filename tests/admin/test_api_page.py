@@ -128,3 +128,20 @@ def test_the_api_page_shows_the_learned_limit(root_client, api):
     assert learned_limit_text(learned) == "39.6/s (held just under it)"
     unmeasured = dataclasses.replace(state, adaptive=True, learned_rate=None)
     assert learned_limit_text(unmeasured).startswith("not measured yet")
+
+
+def test_the_api_page_tells_each_429_in_one_row_with_the_rate_cut_it_caused(
+    root_client, api, make_job
+):
+    # given a 429 and the rate cut written for it, as services.calls writes them (period 1 s)
+    call = make_job(calls=2).calls.get(index=1)
+    common = {"api": api, "job": call.job, "call": call}
+    ThrottleEvent.objects.bulk_create([
+        ThrottleEvent(kind="throttled", status_code=429, retry_after=1.0, rate_before=10,
+                      rate_after=7, **common),
+        ThrottleEvent(kind="rate_decreased", rate_before=10, rate_after=7, **common),
+    ])  # fmt: skip
+    html = root_client.get(change_url(api)).content.decode()
+    # expect: one row, in words, with units; no separate "rate decreased" row
+    assert "429 received · Retry-After 1.0 s · rate 10.0/s → 7.0/s" in html
+    assert "rate decreased" not in html

@@ -19,7 +19,7 @@ from django.urls import get_resolver
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from ratejobs.models import Api, Call, Job, ThrottleEvent
+from ratejobs.models import Api, Call, Job, ThrottleEvent, WorkerProcess
 from ratejobs.services.credentials import credentials_add
 from ratejobs.services.jobs import job_cancel, job_create
 
@@ -399,7 +399,14 @@ def test_an_unknown_submitter_group_is_a_400(client_for, manager, api):
 
 
 def test_metrics_and_health_answer_the_same_to_every_role(request, world):
-    # /metrics is for a scraper with its token, whoever is signed in; /healthz says only "ok"
+    # /metrics is for a scraper with its token, whoever is signed in; /healthz gives every role
+    # the same statuses, and why a part is down only to staff (a driver's message names hosts)
     for role, user in people(request).items():
         assert admin_client(user).get("/metrics").status_code == 403, role
-        assert admin_client(user).get("/healthz").content == b"ok\n", role
+        health = admin_client(user).get("/healthz")
+        assert health.status_code == 200, role
+        assert health.json()["checks"]["database"]["status"] == "ok", role
+        WorkerProcess.objects.all().delete()  # no worker: its part is down, and says why
+        workers = admin_client(user).get("/healthz").json()["checks"]["workers"]
+        assert workers["status"] == "down", role
+        assert ("error" in workers) == bool(user and user.is_staff), role
