@@ -405,6 +405,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         if request.GET.get("events"):  # the first page, as the page shows it on load
             events, rows = job_events_page(job)
             data["events_count"] = events.paginator.count
+            data["events_pages"] = events.paginator.num_pages
             data["events_rows"] = events_rows_html(rows)
         if request.GET.get("failed"):  # asked for when the count of failed calls changed
             data["failed_html"] = failed_calls_html(job)

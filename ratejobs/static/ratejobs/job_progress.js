@@ -57,6 +57,12 @@
     }
     if (data.events_rows !== undefined && events) {
       events.querySelector("tbody").innerHTML = data.events_rows;
+      // the first page followed: "page 1 of N" and its "older" link once there is a second
+      const pages = document.getElementById("rj-events-pages");
+      if (pages) {
+        pages.hidden = data.events_pages < 2;
+        pages.querySelector("[data-older]").hidden = data.events_pages < 2;
+      }
     }
     if (data.chart) document.getElementById("rj-chart").innerHTML = data.chart;
     if (failedBox) {
