@@ -28,6 +28,7 @@ from ratejobs.selectors.apis import (
     api_key_buckets,
     api_limiter_readings,
     credential_list,
+    in_flight_text,
     window_text,
 )
 from ratejobs.selectors.jobs import (
@@ -138,12 +139,6 @@ def limiter_state_table(reading: LimiterReading) -> str:
             *[cell for row in rows for cell in row],
         ),
     )
-
-
-def in_flight_text(state: LimiterState) -> str:
-    if state.max_concurrency:
-        return f"{state.in_flight} of {state.max_concurrency}"
-    return f"{state.in_flight} (no cap)"
 
 
 def reset_consequences(api: Api) -> list[str]:

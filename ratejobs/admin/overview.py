@@ -25,6 +25,7 @@ from ratejobs.admin.jobs import progress_bar
 from ratejobs.limiter import LimiterState
 from ratejobs.limiter.core import WindowState
 from ratejobs.models import Job
+from ratejobs.selectors.apis import in_flight_text
 from ratejobs.selectors.jobs import (
     clock_text,
     duration_text,
@@ -82,12 +83,6 @@ def window_left_text(state: WindowState) -> str:
 def current_rate_text(state: LimiterState) -> str:
     current = rate_text(state.current_rate / state.period)
     return f"{current} of {rate_text(state.rate / state.period)}"
-
-
-def in_flight_text(state: LimiterState) -> str:
-    if state.max_concurrency:
-        return f"{state.in_flight} of {state.max_concurrency}"
-    return f"{state.in_flight} (no cap)"
 
 
 def blocked_text(item: ApiOverview, now: datetime) -> str:

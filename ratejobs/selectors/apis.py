@@ -15,7 +15,7 @@ from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
 from ratejobs.limiter.buckets import KeyBuckets, key_buckets
 from ratejobs.models import Api, ApiCredential
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.selectors.jobs import duration_text
+from ratejobs.selectors.jobs import seconds_text
 from ratejobs.services.apis import api_limiter, redis_client
 
 if TYPE_CHECKING:
@@ -59,19 +59,21 @@ def window_text(state: WindowState) -> str:
     left = max(0, math.floor(state.remaining))
     text = f"{window.rate:g}{unit} per {window.period:g} s (burst {window.burst}): {left} left"
     if left < 1:
-        text += f", next in {state.next_free_in:.1f} s"
+        text += f", next in {seconds_text(state.next_free_in)}"
     if state.full_in <= 0:
         return text + ", full"
-    text = f"{text}, full in {_seconds_text(state.full_in)}"
+    text = f"{text}, full in {seconds_text(state.full_in)}"
     if state.full_in >= REFILL_CLOCK_AFTER:  # a day's quota: when, as a time of day
         at = datetime.now(UTC) + timedelta(seconds=state.full_in)
         text += f" (at {at:%H:%M} UTC)"
     return text
 
 
-def _seconds_text(seconds: float) -> str:
-    # a fast window refills within a second or two: whole seconds would read "0 s"
-    return f"{seconds:.1f} s" if seconds < 10 else duration_text(seconds)
+def in_flight_text(state: LimiterState) -> str:
+    """Calls on the wire against the cap: "3 of 10", "3 (no cap)"."""
+    if state.max_concurrency:
+        return f"{state.in_flight} of {state.max_concurrency}"
+    return f"{state.in_flight} (no cap)"
 
 
 def api_rate_history(api: Api, *, since: datetime) -> list[RateSample]:
