@@ -200,9 +200,11 @@ def sandbox() -> Iterator[Callable[..., SandboxProcess]]:
         server.stop()
 
 
-def wait_for_job(job, *, timeout: float, poll: float = 0.2):
+def wait_for_job(job, *, timeout: float, poll: float = 0.2, worker: Worker | None = None):
     """Poll until the job is completed or cancelled; return it (with timings printed). A
-    poll is one primary-key read: often enough that a test waits little past its job's end."""
+    poll is one primary-key read: often enough that a test waits little past its job's end.
+    On a timeout, say where its calls are (and the end of `worker`'s log): a job that hangs
+    in CI must be diagnosable from CI's output alone."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job.refresh_from_db()
@@ -211,5 +213,28 @@ def wait_for_job(job, *, timeout: float, poll: float = 0.2):
         time.sleep(poll)
     raise AssertionError(
         f"job {job.pk} still {job.status} after {timeout}s: {job.succeeded} ok, "
-        f"{job.failed} failed, {job.total - job.done} left"
+        f"{job.failed} failed, {job.total - job.done} left\n{calls_whereabouts(job)}"
+        + (f"\nend of {worker.name}'s log:\n{_read(worker.log)[-4000:]}" if worker else "")
+    )
+
+
+def calls_whereabouts(job) -> str:
+    """The job's calls counted by status, whether they sit in the broker's window, and who
+    claimed them; and the heartbeats the database holds."""
+    from collections import Counter
+
+    from ratejobs.models import Call, WorkerProcess
+
+    rows = Call.objects.filter(job=job).values_list(
+        "status", "dispatched_at", "claim_owner", "next_attempt_at"
+    )
+    counts = Counter(
+        (status, "in window" if dispatched else "", owner, "later" if later else "")
+        for status, dispatched, owner, later in rows
+    )
+    beats = WorkerProcess.objects.values_list("owner", "seen_at")
+    return (
+        "calls: "
+        + "; ".join(f"{n} {key}" for key, n in counts.most_common())
+        + ("\nheartbeats: " + "; ".join(f"{owner} at {seen:%H:%M:%S.%f}" for owner, seen in beats))
     )

@@ -400,7 +400,11 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     def progress_view(self, request: HttpRequest, job_id: int) -> JsonResponse:
         job = self._job_for(request, job_id)
         data = job_progress_data(job, job_paces([job]).get(job.pk, 0.0))
-        if request.GET.get("chart"):
+        # The chart also when a block began or ended since the page last looked ("shown_blocked"
+        # is what its banner shows): the banner and the block's shaded span appear together.
+        shown_blocked = request.GET.get("shown_blocked")
+        block_moved = shown_blocked is not None and (shown_blocked == "1") != bool(data["blocked"])
+        if request.GET.get("chart") or block_moved:
             data["chart"] = str(job_chart_svg(job_chart(job)))
         if request.GET.get("events"):  # the first page, as the page shows it on load
             events, rows = job_events_page(job)

@@ -224,6 +224,22 @@ def test_the_banner_says_until_when_and_why_while_the_api_is_blocked(root_client
     assert progress(root_client, job)["blocked"] is None
 
 
+def test_the_poll_that_finds_a_block_begun_or_ended_brings_the_chart_with_it(root_client, make_job):
+    # given a running job whose page shows no block, and a poll that asked for no chart
+    job = set_counts(make_job(calls=3), status="running", started=timezone.now())
+    assert "chart" not in progress(root_client, job, shown_blocked=0)
+    # when an operator blocks its API, the next poll brings the chart with the block's span,
+    # so the banner never appears beside a chart without it
+    api_block(api=job.api, seconds=1.5)
+    data = progress(root_client, job, shown_blocked=0)
+    assert data["blocked"] is not None
+    assert 'class="rj-block"' in data["chart"]
+    # and once the page shows the block, polls go on without the chart until it ends
+    assert "chart" not in progress(root_client, job, shown_blocked=1)
+    time.sleep(data["blocked"]["for_seconds"] + 0.1)
+    assert "chart" in progress(root_client, job, shown_blocked=1)
+
+
 def test_a_block_by_a_429_names_its_retry_after_and_call(make_job):
     job = set_counts(make_job(calls=20), status="running", started=timezone.now())
     call = job.calls.get(index=17)

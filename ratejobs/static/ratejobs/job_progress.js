@@ -1,7 +1,8 @@
 // Keeps a job's page current until the job is final: counters, status, the block banner and
-// the newest throttle events every 2 s; the chart on the first poll, every 10 s and when a
-// block begins or ends. The JSON comes from the admin's own /progress/ endpoint, the chart and
-// the events' rows already rendered by the server.
+// the newest throttle events every 2 s; the chart on the first poll, every 10 s and in the
+// poll that finds a block begun or ended (the server compares it with "shown_blocked"). The
+// JSON comes from the admin's own /progress/ endpoint, the chart and the events' rows already
+// rendered by the server.
 (function () {
   "use strict";
   const box = document.getElementById("rj-job");
@@ -17,15 +18,14 @@
   let failedShown = failedBox ? Number(failedBox.dataset.failed) : 0;
   let wantFailed = false;
   let polls = 0;
-  // A block that begins or ends redraws the chart at the next poll, not up to 10 s later.
   let blockedShown = banner ? !banner.hidden : false;
-  let chartSoon = false;
 
   function query(withChart, withFailed) {
     const params = new URLSearchParams();
     if (withChart) params.set("chart", "1");
     if (followEvents) params.set("events", "1");
     if (withFailed) params.set("failed", "1");
+    if (banner) params.set("shown_blocked", blockedShown ? "1" : "0");
     const text = params.toString();
     return url + (text ? "?" + text : "");
   }
@@ -50,7 +50,6 @@
       button.hidden = !data.actions.includes(button.dataset.action);
     }
     if (banner) {
-      if (blockedShown !== Boolean(data.blocked)) chartSoon = true;
       blockedShown = Boolean(data.blocked);
       banner.hidden = !data.blocked;
       banner.textContent = data.blocked ? data.blocked.text : "";
@@ -77,8 +76,7 @@
   }
 
   async function poll() {
-    const withChart = polls % 5 === 0 || chartSoon;
-    chartSoon = false;
+    const withChart = polls % 5 === 0;
     polls += 1;
     try {
       const response = await fetch(query(withChart, wantFailed), {credentials: "same-origin"});
