@@ -316,7 +316,10 @@ class Call(models.Model):
     # waiting: the dispatcher keeps the number of calls in the broker bounded with it.
     dispatched_at = models.DateTimeField(null=True, blank=True)
     # A running call belongs to the process holding this token until running_until, or until
-    # that process stops sending heartbeats (WorkerProcess); then it may be taken over.
+    # that process stops sending heartbeats (WorkerProcess); then it may be taken over. A call
+    # in the broker's window names the worker process that dispatched it (claim_owner; blank
+    # when beat's reconciler did), given back if that process dies (it may have died before
+    # sending the message).
     claim_token = models.CharField(max_length=32, blank=True)
     claim_owner = models.CharField(
         max_length=300, blank=True, help_text="the claiming process (WorkerProcess.owner)"

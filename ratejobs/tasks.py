@@ -12,7 +12,7 @@ from django.db import InterfaceError, OperationalError
 from ratejobs.services import callbacks, retention
 from ratejobs.services import dispatch as dispatching
 from ratejobs.services import reconcile as reconciling
-from ratejobs.services.engine import calls_start
+from ratejobs.services.engine import calls_start, heartbeating_owner
 
 
 # A database restart fails the claim; a message acknowledged as failed would leave its calls in
@@ -40,7 +40,7 @@ def job_callback(job_id: int) -> str:
 
 @shared_task(name=dispatching.DISPATCH_TASK, acks_late=True)
 def dispatch(api_id: int) -> int:
-    result = dispatching.dispatch_api(api_id=api_id)
+    result = dispatching.dispatch_api(api_id=api_id, dispatcher=heartbeating_owner())
     dispatching.schedule_wakeup(api_id, result.next_due)
     return result.dispatched
 

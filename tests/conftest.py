@@ -45,6 +45,37 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "postgresql: a race or clock test that means something only on PostgreSQL"
     )
+    _flush_again_after_a_deadlock()
+
+
+# A transactional test ends with one TRUNCATE of every table, while a module's shared worker
+# goes on writing heartbeats and sweeping; a statement of the worker that locks two tables in
+# the other order deadlocks with it, and PostgreSQL may pick the TRUNCATE as the victim. The
+# flush is one transaction (rolled back whole), so it is run again; three deadlocks in a row
+# are a real problem and fail the test.
+FLUSH_ATTEMPTS = 3
+
+
+def _flush_again_after_a_deadlock() -> None:
+    from django.db.utils import OperationalError
+    from django.test import TransactionTestCase
+
+    flush = TransactionTestCase._fixture_teardown
+    if getattr(flush, "retries_deadlocks", False):
+        return
+
+    def flush_retrying(self: TransactionTestCase) -> None:
+        for attempt in range(1, FLUSH_ATTEMPTS + 1):
+            try:
+                return flush(self)
+            except Exception as exc:  # flush's CommandError, caused by the database's error
+                cause = exc.__cause__ or exc
+                deadlock = isinstance(cause, OperationalError) and "deadlock" in str(cause)
+                if not deadlock or attempt == FLUSH_ATTEMPTS:
+                    raise
+
+    flush_retrying.retries_deadlocks = True  # type: ignore[attr-defined]
+    TransactionTestCase._fixture_teardown = flush_retrying  # type: ignore[method-assign]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

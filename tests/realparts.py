@@ -219,22 +219,33 @@ def wait_for_job(job, *, timeout: float, poll: float = 0.2, worker: Worker | Non
 
 
 def calls_whereabouts(job) -> str:
-    """The job's calls counted by status, whether they sit in the broker's window, and who
-    claimed them; and the heartbeats the database holds."""
+    """The job's calls counted by status, whether they sit in the broker's window, who claimed
+    them and whether they wait for a later attempt; the unfinished ones in detail; and the
+    heartbeats the database holds."""
     from collections import Counter
 
     from ratejobs.models import Call, WorkerProcess
 
-    rows = Call.objects.filter(job=job).values_list(
-        "status", "dispatched_at", "claim_owner", "next_attempt_at"
-    )
+    calls = Call.objects.filter(job=job).order_by("index")
     counts = Counter(
-        (status, "in window" if dispatched else "", owner, "later" if later else "")
-        for status, dispatched, owner, later in rows
+        (c.status, "in window" if c.dispatched_at else "", c.claim_owner, _clock(c.next_attempt_at))
+        for c in calls
     )
+    details = [
+        f"call {c.index} (#{c.pk}): {c.status}, attempts {c.attempts}, dispatched "
+        f"{_clock(c.dispatched_at)}, due {_clock(c.next_attempt_at)}, started "
+        f"{_clock(c.started)}, owner {c.claim_owner or '-'}, error {c.error[:80]!r}"
+        for c in calls.exclude(status__in=Call.FINAL)[:10]
+    ]
     beats = WorkerProcess.objects.values_list("owner", "seen_at")
-    return (
-        "calls: "
-        + "; ".join(f"{n} {key}" for key, n in counts.most_common())
-        + ("\nheartbeats: " + "; ".join(f"{owner} at {seen:%H:%M:%S.%f}" for owner, seen in beats))
+    return "\n".join(
+        [
+            "calls: " + "; ".join(f"{n} {key}" for key, n in counts.most_common()),
+            *details,
+            "heartbeats: " + "; ".join(f"{owner} at {_clock(seen)}" for owner, seen in beats),
+        ]
     )
+
+
+def _clock(moment) -> str:
+    return "-" if moment is None else f"{moment:%H:%M:%S.%f}"

@@ -78,9 +78,15 @@ def calls_per_message(api: Api) -> int:
     return max(1, min(settings.RATEJOBS_CALLS_PER_MESSAGE, per_wait))
 
 
-def dispatch_api(*, api_id: int) -> DispatchResult:
+def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
     """Top up the API's window of calls waiting in the broker with due calls of its running
-    jobs. Calls already running do not count: the limiter bounds those."""
+    jobs. Calls already running do not count: the limiter bounds those.
+
+    `dispatcher` is the worker process running this (its heartbeat's owner), or "" (beat's
+    reconciler). The calls it marks name it: marked in one transaction and sent after its
+    commit, their messages are lost if the process dies in between, and the sweep gives back
+    the calls a dead dispatcher left in the window (reconcile.calls_recover_orphans) instead of
+    leaving them to the reconciler's RATEJOBS_STALE_DISPATCH_SECONDS."""
     now = database_now()
     with transaction.atomic():
         # Serialise the dispatchers of one API: a row lock on PostgreSQL, the write lock on
@@ -126,7 +132,7 @@ def dispatch_api(*, api_id: int) -> DispatchResult:
         if call_ids:
             Call.objects.filter(
                 pk__in=call_ids, status=Call.Status.PENDING, dispatched_at__isnull=True
-            ).update(dispatched_at=now)
+            ).update(dispatched_at=now, claim_owner=dispatcher)
             for job in jobs:
                 if chosen.get(job.pk):
                     Job.objects.filter(pk=job.pk).update(dispatch_pass=job.dispatch_pass)

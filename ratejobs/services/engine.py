@@ -236,6 +236,15 @@ def engine() -> Engine:
         return _engine
 
 
+def heartbeating_owner() -> str:
+    """This process's owner name once its engine has written a heartbeat, else "": what a
+    worker process marks the calls it dispatches with, so that they are given back if it dies
+    before their messages are sent (a process whose heartbeat is not in yet would look dead)."""
+    if _engine is None or _engine_pid != os.getpid() or not _engine._alive.is_set():
+        return ""
+    return _engine.owner
+
+
 def engine_stop(timeout: float) -> bool:
     """Stop this process's engine, if it has one (a worker process shutting down)."""
     if _engine is None or _engine_pid != os.getpid():

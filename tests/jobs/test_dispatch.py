@@ -184,3 +184,41 @@ def test_a_dispatch_running_while_a_job_is_paused_neither_deadlocks_nor_dispatch
     assert Job.objects.get(pk=job.pk).status == "paused"
     assert results[0].dispatched == 0
     assert not Call.objects.filter(job=job, dispatched_at__isnull=False).exists()
+
+
+def test_calls_a_dead_worker_dispatched_go_back_and_the_others_stay(broker, owner, unique_name):
+    # given three worker processes' dispatches, as the dispatch task marks them: one process
+    # alive, one dead since (it may have died between marking its calls and sending their
+    # messages), and beat's reconciler, which names no process
+    from datetime import timedelta
+
+    from ratejobs.models import WorkerProcess
+    from ratejobs.services import reconcile as reconciling
+    from ratejobs.services.workers import database_now
+
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=1)
+    now = database_now()
+    for owner_name, seen in (("vm:1:alive", now), ("vm:2:dead", now - timedelta(hours=1))):
+        WorkerProcess.objects.create(owner=owner_name, host="vm", pid=1, started=seen, seen_at=seen)
+    marked = {}
+    for dispatcher in ("vm:1:alive", "vm:2:dead", ""):
+        job = job_create(owner=owner, api=api, name=dispatcher or "beat", calls=calls(2))
+        assert dispatch_api(api_id=api.pk, dispatcher=dispatcher).dispatched == 2
+        marked[dispatcher] = job
+        assert set(job.calls.values_list("claim_owner", flat=True)) == {dispatcher}
+    # when a worker's sweep looks for what dead processes left
+    requested = []
+    original = reconciling.request_dispatch
+    reconciling.request_dispatch = requested.append
+    try:
+        assert reconciling.calls_recover_orphans() == 2
+    finally:
+        reconciling.request_dispatch = original
+    # expect: the dead dispatcher's calls are out of the window and asked to be dispatched again;
+    # the live one's and beat's wait for their messages
+    assert set(marked["vm:2:dead"].calls.values_list("dispatched_at", "claim_owner")) == {
+        (None, "")
+    }
+    assert requested == [api.pk]
+    for dispatcher in ("vm:1:alive", ""):
+        assert not marked[dispatcher].calls.filter(dispatched_at__isnull=True).exists()

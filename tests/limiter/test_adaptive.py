@@ -74,10 +74,13 @@ def test_a_throttle_below_the_last_peak_lowers_the_target_of_the_climb(make_limi
     limiter = make_limiter(config)
     limiter.report_throttle(limiter.acquire())
     second = limiter.report_throttle(limiter.acquire())
-    assert second.rate_after == pytest.approx(49, rel=1e-2)
+    # (the climb from 70/s is steep at first: a busy machine's milliseconds between the two
+    # throttles show in the rate before the second, so the checks are relative to it)
+    assert second.rate_before < 80
+    assert second.rate_after == pytest.approx(second.rate_before * 0.7, rel=1e-6)
     time.sleep(0.32)
-    # expect: the climb levels out between the two peaks (70 * 0.85), not back at 100
-    assert limiter.state().current_rate == pytest.approx(59.5, rel=2e-2)
+    # expect: the climb levels out between the two peaks (0.85 of the second), not back at 100
+    assert limiter.state().current_rate == pytest.approx(second.rate_before * 0.85, rel=2e-2)
 
 
 def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter):
