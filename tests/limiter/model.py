@@ -107,8 +107,9 @@ class ReferenceLimiter:
                         # one measurement cuts no deeper than CUBIC would
                         floor = before * cfg.decrease_factor
                         self.learned = max(slope, floor)
-                        self.learn_sure = (
-                            slope >= floor and accepted - base[1] >= LEARN_PRECISE_GRANTS
+                        # a throttle while holding a sure estimate corrects it; it stays sure
+                        self.learn_sure = slope >= floor and (
+                            self.learn_sure or accepted - base[1] >= LEARN_PRECISE_GRANTS
                         )
                     else:
                         # climbed past it: the climb's excess used up the server's burst

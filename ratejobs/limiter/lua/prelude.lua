@@ -253,8 +253,10 @@ end
 -- The rate after an accepted throttle starts at learn_target from learn_from:
 --   nothing learned yet: decrease_factor times the rate before, climbing by LEARN_CLIMB times
 --     it per recovery_seconds (discovery, like CUBIC's cuts);
---   a rough estimate (fewer than LEARN_PRECISE_GRANTS grants between the two intervals): the
---     estimate, climbing the same way, so that the next throttle measures over a longer span;
+--   a rough estimate (fewer than LEARN_PRECISE_GRANTS grants between the two intervals, and
+--     nothing sure learned before): the estimate, climbing the same way, so that the next
+--     throttle measures over a longer span; once sure, a rough measurement at or above
+--     decrease_factor of the rate corrects the estimate and keeps it sure;
 --   learned: LEARN_HOLD times it, creeping up by LEARN_PROBE * (t / recovery_seconds)^3, so a
 --     raised limit is found while a steady one is crossed only after about two recovery periods
 --     (a throttle reached so, below the rate it came at, keeps the learned limit unless the
@@ -535,9 +537,13 @@ local function learn_from_throttle(keys, cfg, st, now, rate_before)
         if slope <= resumed_at then
           -- One measurement cuts no deeper than CUBIC would: a 429 for another reason (another
           -- limit, an outage) makes a line of any slope, and the climb finds the limit again.
+          -- A throttle while holding a sure estimate corrects it (down) rather than starting
+          -- the search again: a measurement over too few grants to be precise still keeps it
+          -- sure, or the climb that follows overshoots and throttles every few seconds.
           local floor = rate_before * cfg.decrease_factor
           st.learned = math.max(slope, floor)
-          st.learn_sure = slope >= floor and accepted - base >= LEARN_PRECISE_GRANTS
+          st.learn_sure = slope >= floor
+            and (st.learn_sure or accepted - base >= LEARN_PRECISE_GRANTS)
         else
           -- the base's grants sent while its throttle was in flight were 429s too
           local burst = math.max(1, base - st.learn_base_late - slope * base_us / period_us)
