@@ -164,6 +164,12 @@ def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
     }
 
 
+def block_key(blocked: dict | None) -> str:
+    """Which block a banner shows (job_progress_data's "blocked"); job_progress.js makes the
+    same from the JSON."""
+    return "" if blocked is None else f"{blocked['until']}|{blocked['reason']}"
+
+
 def job_events_page(job: Job, number: str | int | None = 1) -> tuple[Page, EventRows]:
     """A page of the job's throttle events (throttle_event_story_for_job), and its rows: each
     event with what happened in words and the index of its call in the job."""
@@ -400,10 +406,11 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
     def progress_view(self, request: HttpRequest, job_id: int) -> JsonResponse:
         job = self._job_for(request, job_id)
         data = job_progress_data(job, job_paces([job]).get(job.pk, 0.0))
-        # The chart also when a block began or ended since the page last looked ("shown_blocked"
-        # is what its banner shows): the banner and the block's shaded span appear together.
-        shown_blocked = request.GET.get("shown_blocked")
-        block_moved = shown_blocked is not None and (shown_blocked == "1") != bool(data["blocked"])
+        # The chart also when the block the page shows ("shown_block", its banner's key: "" for
+        # none) began, ended or gave way to another since: the banner and the block's shaded
+        # span appear together, a 429's second block and an operator's after it alike.
+        shown_block = request.GET.get("shown_block")
+        block_moved = shown_block is not None and shown_block != block_key(data["blocked"])
         if request.GET.get("chart") or block_moved:
             data["chart"] = str(job_chart_svg(job_chart(job)))
         if request.GET.get("events"):  # the first page, as the page shows it on load
@@ -474,6 +481,7 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
             events, event_rows = job_events_page(job, request.GET.get("events"))
             context.update(
                 job_progress=job_progress,
+                job_block_key=block_key(job_progress["blocked"]),
                 job_progress_bar=progress_bar(job),
                 job_chart=job_chart_svg(job_chart(job)),
                 throttle_events=events,

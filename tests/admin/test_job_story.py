@@ -224,20 +224,36 @@ def test_the_banner_says_until_when_and_why_while_the_api_is_blocked(root_client
     assert progress(root_client, job)["blocked"] is None
 
 
-def test_the_poll_that_finds_a_block_begun_or_ended_brings_the_chart_with_it(root_client, make_job):
+def test_the_poll_that_finds_a_block_begun_ended_or_replaced_brings_the_chart_with_it(
+    root_client, make_job
+):
     # given a running job whose page shows no block, and a poll that asked for no chart
     job = set_counts(make_job(calls=3), status="running", started=timezone.now())
-    assert "chart" not in progress(root_client, job, shown_blocked=0)
-    # when an operator blocks its API, the next poll brings the chart with the block's span,
-    # so the banner never appears beside a chart without it
-    api_block(api=job.api, seconds=1.5)
-    data = progress(root_client, job, shown_blocked=0)
-    assert data["blocked"] is not None
+    assert 'data-block=""' in root_client.get(page_url(job)).text
+    assert "chart" not in progress(root_client, job, shown_block="")
+    # when a 429 blocks its API, the next poll brings the chart with the block's span, so the
+    # banner never appears beside a chart without it
+    call = job.calls.get(index=1)
+    api_limiter(job.api).block(1.0)
+    ThrottleEvent.objects.create(
+        api=job.api, job=job, call=call, kind="throttled", status_code=429, retry_after=1.0
+    )
+    data = progress(root_client, job, shown_block="")
+    assert "429 on call 1" in data["blocked"]["reason"]
     assert 'class="rj-block"' in data["chart"]
-    # and once the page shows the block, polls go on without the chart until it ends
-    assert "chart" not in progress(root_client, job, shown_blocked=1)
+    # and once the page shows that block, polls go on without the chart
+    shown = f"{data['blocked']['until']}|{data['blocked']['reason']}"
+    assert "chart" not in progress(root_client, job, shown_block=shown)
+    # when an operator's longer block takes over, the chart comes again with it
+    api_block(api=job.api, seconds=1.5)
+    data = progress(root_client, job, shown_block=shown)
+    assert data["blocked"]["reason"] == "manual block by an operator"
+    # (its span joins the 429's it overlaps, titled with the first and counting the rest)
+    assert re.search(r"manual block by an operator|and 1 more block\)", data["chart"])
+    # and when the block ends
+    shown = f"{data['blocked']['until']}|{data['blocked']['reason']}"
     time.sleep(data["blocked"]["for_seconds"] + 0.1)
-    assert "chart" in progress(root_client, job, shown_blocked=1)
+    assert "chart" in progress(root_client, job, shown_block=shown)
 
 
 def test_a_block_by_a_429_names_its_retry_after_and_call(make_job):

@@ -204,9 +204,10 @@ def test_an_operator_follows_a_run_through_429s_a_manual_block_and_a_cancel(
     # expect: the job page, without a reload, shows a banner saying until when and why
     banner = page.locator("#rj-block-banner")
     expect(banner).to_be_visible(timeout=SHOWS_WITHIN_MS)
-    expect(banner).to_contain_text("manual block")
+    expect(banner).to_contain_text("manual block", timeout=SHOWS_WITHIN_MS)
     expect(banner).to_contain_text("blocked until")
-    # and the chart, redrawn in the same poll, shades the block (alone, or joined to a 429's)
+    # and the chart, redrawn in the poll that brought the banner, shades the block (alone, or
+    # joined to a 429's it overlaps)
     expect(page.locator("#rj-chart rect.rj-block title").last).to_have_text(
         re.compile(r"manual block by an operator|more blocks?\)$"), timeout=1_000
     )

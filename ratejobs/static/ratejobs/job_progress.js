@@ -1,6 +1,6 @@
 // Keeps a job's page current until the job is final: counters, status, the block banner and
 // the newest throttle events every 2 s; the chart on the first poll, every 10 s and in the
-// poll that finds a block begun or ended (the server compares it with "shown_blocked"). The
+// poll that finds a block begun, ended or replaced (the server compares "shown_block"). The
 // JSON comes from the admin's own /progress/ endpoint, the chart and the events' rows already
 // rendered by the server.
 (function () {
@@ -18,14 +18,19 @@
   let failedShown = failedBox ? Number(failedBox.dataset.failed) : 0;
   let wantFailed = false;
   let polls = 0;
-  let blockedShown = banner ? !banner.hidden : false;
+  // The block the banner shows, as admin/jobs.py's block_key makes it; "" for none.
+  let blockShown = banner ? banner.dataset.block || "" : "";
+
+  function blockKey(blocked) {
+    return blocked ? blocked.until + "|" + blocked.reason : "";
+  }
 
   function query(withChart, withFailed) {
     const params = new URLSearchParams();
     if (withChart) params.set("chart", "1");
     if (followEvents) params.set("events", "1");
     if (withFailed) params.set("failed", "1");
-    if (banner) params.set("shown_blocked", blockedShown ? "1" : "0");
+    if (banner) params.set("shown_block", blockShown);
     const text = params.toString();
     return url + (text ? "?" + text : "");
   }
@@ -50,7 +55,7 @@
       button.hidden = !data.actions.includes(button.dataset.action);
     }
     if (banner) {
-      blockedShown = Boolean(data.blocked);
+      blockShown = blockKey(data.blocked);
       banner.hidden = !data.blocked;
       banner.textContent = data.blocked ? data.blocked.text : "";
     }
