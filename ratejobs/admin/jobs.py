@@ -164,12 +164,6 @@ def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
     }
 
 
-def block_key(blocked: dict | None) -> str:
-    """Which block a banner shows (job_progress_data's "blocked"); job_progress.js makes the
-    same from the JSON."""
-    return "" if blocked is None else f"{blocked['until']}|{blocked['reason']}"
-
-
 def job_events_page(job: Job, number: str | int | None = 1) -> tuple[Page, EventRows]:
     """A page of the job's throttle events (throttle_event_story_for_job), and its rows: each
     event with what happened in words and the index of its call in the job."""
@@ -410,7 +404,8 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
         # none) began, ended or gave way to another since: the banner and the block's shaded
         # span appear together, a 429's second block and an operator's after it alike.
         shown_block = request.GET.get("shown_block")
-        block_moved = shown_block is not None and shown_block != block_key(data["blocked"])
+        blocked = data["blocked"]
+        block_moved = shown_block is not None and shown_block != (blocked["key"] if blocked else "")
         if request.GET.get("chart") or block_moved:
             data["chart"] = str(job_chart_svg(job_chart(job)))
         if request.GET.get("events"):  # the first page, as the page shows it on load
@@ -481,7 +476,6 @@ class JobAdmin(StaffAccess, admin.ModelAdmin):
             events, event_rows = job_events_page(job, request.GET.get("events"))
             context.update(
                 job_progress=job_progress,
-                job_block_key=block_key(job_progress["blocked"]),
                 job_progress_bar=progress_bar(job),
                 job_chart=job_chart_svg(job_chart(job)),
                 throttle_events=events,

@@ -91,6 +91,9 @@ class BlockNotice:
 
     def as_json(self) -> dict:
         return {
+            # which block this is (to the second: until is read afresh from the limiter each
+            # time): the job page redraws its chart when the key it shows changes
+            "key": f"{clock_text(self.until)}|{self.reason}",
             "until": clock_text(self.until),
             "for_seconds": round(self.for_seconds, 1),
             "reason": self.reason,

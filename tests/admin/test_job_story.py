@@ -242,7 +242,7 @@ def test_the_poll_that_finds_a_block_begun_ended_or_replaced_brings_the_chart_wi
     assert "429 on call 1" in data["blocked"]["reason"]
     assert 'class="rj-block"' in data["chart"]
     # and once the page shows that block, polls go on without the chart
-    shown = f"{data['blocked']['until']}|{data['blocked']['reason']}"
+    shown = data["blocked"]["key"]
     assert "chart" not in progress(root_client, job, shown_block=shown)
     # when an operator's longer block takes over, the chart comes again with it
     api_block(api=job.api, seconds=1.5)
@@ -251,7 +251,7 @@ def test_the_poll_that_finds_a_block_begun_ended_or_replaced_brings_the_chart_wi
     # (its span joins the 429's it overlaps, titled with the first and counting the rest)
     assert re.search(r"manual block by an operator|and 1 more block\)", data["chart"])
     # and when the block ends
-    shown = f"{data['blocked']['until']}|{data['blocked']['reason']}"
+    shown = data["blocked"]["key"]
     time.sleep(data["blocked"]["for_seconds"] + 0.1)
     assert "chart" in progress(root_client, job, shown_block=shown)
 

@@ -186,7 +186,9 @@ def test_a_dispatch_running_while_a_job_is_paused_neither_deadlocks_nor_dispatch
     assert not Call.objects.filter(job=job, dispatched_at__isnull=False).exists()
 
 
-def test_calls_a_dead_worker_dispatched_go_back_and_the_others_stay(broker, owner, unique_name):
+def test_calls_a_dead_worker_dispatched_go_back_and_the_others_stay(
+    broker, owner, unique_name, monkeypatch
+):
     # given three worker processes' dispatches, as the dispatch task marks them: one process
     # alive, one dead since (it may have died between marking its calls and sending their
     # messages), and beat's reconciler, which names no process
@@ -208,12 +210,8 @@ def test_calls_a_dead_worker_dispatched_go_back_and_the_others_stay(broker, owne
         assert set(job.calls.values_list("claim_owner", flat=True)) == {dispatcher}
     # when a worker's sweep looks for what dead processes left
     requested = []
-    original = reconciling.request_dispatch
-    reconciling.request_dispatch = requested.append
-    try:
-        assert reconciling.calls_recover_orphans() == 2
-    finally:
-        reconciling.request_dispatch = original
+    monkeypatch.setattr(reconciling, "request_dispatch", requested.append)
+    assert reconciling.calls_recover_orphans() == 2
     # expect: the dead dispatcher's calls are out of the window and asked to be dispatched again;
     # the live one's and beat's wait for their messages
     assert set(marked["vm:2:dead"].calls.values_list("dispatched_at", "claim_owner")) == {

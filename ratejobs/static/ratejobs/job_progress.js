@@ -18,12 +18,8 @@
   let failedShown = failedBox ? Number(failedBox.dataset.failed) : 0;
   let wantFailed = false;
   let polls = 0;
-  // The block the banner shows, as admin/jobs.py's block_key makes it; "" for none.
+  // The key of the block the banner shows (the server's "blocked.key"); "" for none.
   let blockShown = banner ? banner.dataset.block || "" : "";
-
-  function blockKey(blocked) {
-    return blocked ? blocked.until + "|" + blocked.reason : "";
-  }
 
   function query(withChart, withFailed) {
     const params = new URLSearchParams();
@@ -55,7 +51,7 @@
       button.hidden = !data.actions.includes(button.dataset.action);
     }
     if (banner) {
-      blockShown = blockKey(data.blocked);
+      blockShown = data.blocked ? data.blocked.key : "";
       banner.hidden = !data.blocked;
       banner.textContent = data.blocked ? data.blocked.text : "";
     }
