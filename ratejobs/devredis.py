@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -156,6 +156,33 @@ def ensure(url: str = DEFAULT_URL, *, binary: str | None = None) -> RedisServer:
     if answers(url):
         return RedisServer(url=url)
     return start_private_redis(binary=binary)
+
+
+# Every variable of the environment that names a Redis for the settings: the limiter's, the
+# broker's, the cache's and a result backend's. The settings default the others to REDIS_URL.
+REDIS_URL_VARIABLES = (
+    "REDIS_URL",
+    "CELERY_BROKER_URL",
+    "RATEJOBS_CACHE_URL",
+    "CELERY_RESULT_BACKEND",
+)
+_REDIS_SCHEMES = ("redis://", "rediss://")
+
+
+def ensure_for_environment(environ: MutableMapping[str, str]) -> RedisServer:
+    """A Redis for everything `environ` points at one: REDIS_URL's if it answers, else a private
+    one, which REDIS_URL and every other of REDIS_URL_VARIABLES naming a Redis that does not
+    answer then follow. A variable naming another scheme (memory://, amqp://) is left alone.
+
+    Run before Django reads its settings (the tests' plugin, `make demo`), so that no setting
+    derived from them keeps a dead address while the private server runs elsewhere."""
+    server = ensure(environ.get("REDIS_URL") or DEFAULT_URL)
+    environ["REDIS_URL"] = server.url
+    for name in REDIS_URL_VARIABLES[1:]:
+        value = environ.get(name, "")
+        if value.startswith(_REDIS_SCHEMES) and value != server.url and not answers(value):
+            environ[name] = server.url
+    return server
 
 
 def _wait_until_answers(url: str, process: subprocess.Popen[bytes], daemonize: bool) -> bool:

@@ -1,11 +1,21 @@
-"""Child processes the project starts and must stop cleanly: workers, beat, servers."""
+"""Child processes the project starts and must stop cleanly: workers, beat, servers; and
+whether they run under CI, where every check must run."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+
+# How CI (and anyone who wants its strictness) says so: CI=true, or 1 or yes, in any case.
+_CI_TRUE = frozenset({"1", "true", "yes"})
+
+
+def ci_requires_every_check(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the CI variable is set: a test or a chaos row that would skip fails instead,
+    so CI cannot go green by skipping."""
+    return environ.get("CI", "").strip().lower() in _CI_TRUE
 
 
 def stop_process_group(process: subprocess.Popen, timeout: float) -> None:

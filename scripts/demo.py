@@ -83,12 +83,12 @@ class Demo:
     # -- starting ---------------------------------------------------------------------------
 
     def start_services(self) -> None:
-        self.redis = devredis.ensure(os.environ.get("REDIS_URL", devredis.DEFAULT_URL))
+        # the broker, the cache and the limiter all follow a private Redis (the processes
+        # started below inherit this environment)
+        self.redis = devredis.ensure_for_environment(os.environ)
         where = "private, started for the demo" if self.redis.started_here else "found running"
         print(f"Redis:   {self.redis.url} ({where})")
         os.environ.update(
-            REDIS_URL=self.redis.url,
-            CELERY_BROKER_URL=os.environ.get("CELERY_BROKER_URL", self.redis.url),
             DJANGO_SETTINGS_MODULE=os.environ.get(
                 "DJANGO_SETTINGS_MODULE", "project.settings.base"
             ),

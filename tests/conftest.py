@@ -1,10 +1,10 @@
 """Fixtures shared by every test: a Redis that answers, a client for it, a unique name per test.
 
-The database needs nothing here: settings read DATABASE_URL (PostgreSQL in CI) and fall back to
+The Redis is found or started before Django reads its settings (tests/private_redis.py). The
+database needs nothing here: settings read DATABASE_URL (PostgreSQL in CI) and fall back to
 SQLite. Tests marked `postgresql` (races between transactions, the database's clock) mean
-nothing on SQLite, which has one writer, and skip there. With CI=true nothing may skip: a
-skipped test fails with its reason, so CI cannot go green by skipping the browser or the
-race tests.
+nothing on SQLite, which has one writer, and skip there; with CI=true a skip is a failure
+(tests/every_test_runs.py).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ratejobs.services import apis as api_services
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
+from tests.private_redis import redis_server
 from tests.realparts import (  # noqa: F401 (fixtures)
     module_worker,
     sandbox,
@@ -34,7 +35,6 @@ from tests.realparts import (  # noqa: F401 (fixtures)
     start_worker,
 )
 
-EVERY_TEST_MUST_RUN = os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 # Processes the tests start (workers, gunicorn, manage.py) open the test database, whose name
 # is not the one this process derived its Redis namespace from: they inherit this one, or they
 # would use other limiters and another broker queue than the tests.
@@ -85,30 +85,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.skip("needs PostgreSQL: SQLite has one writer and no clock of its own")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Any:
-    report = yield
-    if EVERY_TEST_MUST_RUN and report.skipped and not hasattr(report, "wasxfail"):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
-        report.outcome = "failed"
-        report.longrepr = f"skipped with CI=true, where every test must run: {reason}"
-    return report
-
-
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """REDIS_URL if a Redis answers there, else a private redis-server for this session."""
-    server = devredis.ensure(os.environ.get("REDIS_URL", devredis.DEFAULT_URL))
-    # Subprocesses (workers, spawned test helpers) read it from the environment; Django's
-    # settings were read before this ran, so point them at the same server.
-    os.environ["REDIS_URL"] = server.url
-    from django.conf import settings
-
-    if settings.CELERY_BROKER_URL == settings.REDIS_URL:
-        settings.CELERY_BROKER_URL = server.url
-    settings.REDIS_URL = server.url
-    yield server.url
-    server.stop()
+def redis_url(pytestconfig: pytest.Config) -> str:
+    """The run's Redis: REDIS_URL if one answered there, else a private redis-server that the
+    settings and every subprocess already follow (tests/private_redis.py)."""
+    return redis_server(pytestconfig).url
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from ratejobs import devredis
 from ratejobs.devredis import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -78,6 +79,12 @@ def listening(port: int) -> bool:
 CALLS_ARG = re.compile(r"calls=(\d+)")
 
 
+def demo_api_id(session: requests.Session, web: int) -> str:
+    """The demo API's id, as the submit page offers it."""
+    page = session.get(f"http://127.0.0.1:{web}/admin/ratejobs/job/add/", timeout=10).text
+    return re.search(r'<option value="(\d+)"[^>]*>sandbox</option>', page).group(1)
+
+
 def poll(check, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -90,8 +97,11 @@ def poll(check, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def test_make_demo_starts_everything_and_ctrl_c_stops_it(redis_url, tmp_path):
+def test_make_demo_starts_everything_and_ctrl_c_stops_it(tmp_path):
     web, flower, sandbox = free_port(), free_port(), free_port()
+    # as on a fresh machine: no Redis where the environment says, so the demo starts its own
+    # and the broker, the cache and the limiter all follow it
+    dead_redis = f"redis://127.0.0.1:{free_port()}/0"
     env = {
         **os.environ,
         "WEB_HOST": "127.0.0.1",
@@ -101,14 +111,17 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(redis_url, tmp_path):
         "DEMO_CALLS": str(DEMO_CALLS),
         "DEMO_RUN_DIR": str(tmp_path / "run"),
         "DATABASE_URL": f"sqlite:///{tmp_path / 'demo.sqlite3'}",
-        "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": redis_url,
+        "REDIS_URL": dead_redis,
+        "CELERY_BROKER_URL": dead_redis,
+        "RATEJOBS_CACHE_URL": dead_redis,
         "DJANGO_SETTINGS_MODULE": "project.settings.base",
         # Flower's HTTP API answers only with auth configured, or with this set (tests only).
         "FLOWER_UNAUTHENTICATED_API": "true",
     }
     demo = DemoRun(env)
     try:
+        private_redis = demo.wait_for(r"Redis: +(\S+) \(private, started for the demo\)",
+                                      timeout=60).group(1)  # fmt: skip
         password = demo.wait_for(r"password '([^']+)'", timeout=120).group(1)
         demo.wait_for("Ctrl-C stops everything", timeout=30)
         flower_url = f"http://127.0.0.1:{flower}"
@@ -153,6 +166,19 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(redis_url, tmp_path):
             timeout=10,
         )  # fmt: skip
         assert page.url.endswith("/admin/") and "Flower" in page.text
+        # the submit page keeps a refused file in the cache, which is the private Redis too
+        submit_url = f"http://127.0.0.1:{web}/admin/ratejobs/job/add/"
+        refused = session.post(
+            submit_url,
+            data={"api": demo_api_id(session, web), "name": "bad", "priority": "1",
+                  "csrfmiddlewaretoken": session.cookies["csrftoken"]},
+            files={"calls_file": ("calls.csv", b"path,cost\n/a,-1\n")},
+            headers={"Referer": submit_url},
+            timeout=10,
+        )  # fmt: skip
+        assert refused.status_code == 200, refused.text[-2000:]
+        assert "line 2: cost:" in refused.text
+        assert "Using <strong>calls.csv</strong>" in refused.text
         metrics = requests.get(f"http://127.0.0.1:{web}/metrics", timeout=10).text
         assert 'ratejobs_limiter_grants_total{api="sandbox"}' in metrics
         assert 'ratejobs_calls{api="sandbox",status="succeeded"} 40.0' in metrics
@@ -161,6 +187,7 @@ def test_make_demo_starts_everything_and_ctrl_c_stops_it(redis_url, tmp_path):
         assert demo.stop() == 0  # Ctrl-C is how a demo ends: not an error
         for port in (web, flower, sandbox):
             assert not listening(port), port
+        assert not devredis.answers(private_redis)
     finally:
         demo.end()
 
