@@ -183,7 +183,9 @@ class CallbackStatus(models.TextChoices):
     PENDING = "pending"  # waiting for its (next) attempt
     SENDING = "sending"  # a worker holds it and is sending it now
     DELIVERED = "delivered"  # the receiver answered 2xx
-    FAILED = "failed"  # given up: attempts used up, a 4xx, or an address the policy refuses
+    # given up: attempts used up, past its deadline, a 4xx, an address the policy refuses, or
+    # superseded (the job ran again before it went out)
+    FAILED = "failed"
 
 
 class Job(models.Model):
@@ -262,6 +264,9 @@ class Job(models.Model):
     # reconciler gives the delivery back.
     callback_claimed_until = models.DateTimeField(null=True, blank=True, editable=False)
     callback_delivered_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The JSON body every attempt of the current delivery sends, built in the transaction that
+    # finished the job: the state that finish announced, not the job's when it is sent.
+    callback_body = models.TextField(blank=True, editable=False)
 
     class Meta:
         ordering = ["-created"]

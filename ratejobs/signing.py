@@ -17,6 +17,9 @@ DEFAULT_TOLERANCE_SECONDS = 300
 SECRET_PREFIX = "rjwhsec_"  # noqa: S105 - a marker, not a secret
 # 32 random bytes: as strong as the HMAC-SHA256 key can use.
 SECRET_BYTES = 32
+# Unix seconds have 10 digits until the year 2286; a longer `t` is forged, and one of thousands
+# of digits would make int() or the clock arithmetic raise instead of answering False.
+MAX_TIMESTAMP_DIGITS = 12
 
 
 def new_secret() -> str:
@@ -43,14 +46,17 @@ def verify(
     now: float | None = None,
 ) -> bool:
     """Whether `header` signs `body` with `secret` at a time within `tolerance` seconds of
-    `now`. Unknown schemes are ignored, so a later scheme can be sent beside v1."""
-    if not header:
+    `now`. Unknown schemes are ignored, so a later scheme can be sent beside v1. Any malformed
+    header is False, never an exception: a receiver refuses it rather than fail with a 500."""
+    # ours is ASCII; with anything else str.isdigit() takes "²" for a digit and
+    # hmac.compare_digest() raises TypeError
+    if not isinstance(header, str) or not header or not header.isascii():
         return False
     timestamp: int | None = None
     candidates: list[str] = []
     for part in header.split(","):
         name, _, value = part.strip().partition("=")
-        if name == "t" and value.isdigit():
+        if name == "t" and value.isdigit() and len(value) <= MAX_TIMESTAMP_DIGITS:
             timestamp = int(value)
         elif name == SCHEME:
             candidates.append(value)

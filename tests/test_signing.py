@@ -3,13 +3,18 @@ rules of a delivery (pure functions: no server, no database)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import random
 import re
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from ratejobs.execution.http import HttpResult
 from ratejobs.services.callbacks import attempt_verdict, retry_delay
@@ -68,6 +73,7 @@ def test_secrets_are_new_each_time_and_long():
     assert first.startswith(SECRET_PREFIX) and len(first) >= len(SECRET_PREFIX) + 40
 
 
+@functools.cache
 def _readme_verifier():
     """The verify() of the README's "Job callbacks" section, run as a receiver would."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -80,13 +86,75 @@ def _readme_verifier():
 
 def test_the_readme_verifier_accepts_our_signatures_and_refuses_tampering():
     readme_verify = _readme_verifier()
-    import time
-
     now = int(time.time())
     assert readme_verify(SECRET, BODY, signature_header(SECRET, BODY, now))
     assert not readme_verify(SECRET, BODY + b"x", signature_header(SECRET, BODY, now))
     assert not readme_verify("other", BODY, signature_header(SECRET, BODY, now))
     assert not readme_verify(SECRET, BODY, signature_header(SECRET, BODY, now - 3600))
+
+
+# -- whatever a forger sends, both verifiers answer False ------------------------------------
+
+# Characters str.isdigit() takes for digits that are not 0-9: "²" (int() refuses it), "١"
+# (int() reads it), "①"...
+NON_ASCII_DIGITS = st.characters(categories=["Nd", "No"], exclude_characters="0123456789")
+NAMES = st.sampled_from(["t", "v1", " t ", "v1 ", "v0", "T", "", "t\x00"]) | st.text(max_size=4)
+VALUES = st.one_of(
+    st.text(),
+    st.text(NON_ASCII_DIGITS, min_size=1, max_size=12),
+    st.text("0123456789", min_size=13, max_size=6000),  # past a float, past int()'s 4,300
+    st.integers(min_value=-(10**20), max_value=10**20).map(str),
+    st.text("0123456789abcdef", max_size=80),  # hex of the wrong length, or not ours
+    st.binary(max_size=80).map(lambda raw: raw.decode("latin-1")),
+)
+PARTS = st.lists(st.builds("{}={}".format, NAMES, VALUES) | st.text(max_size=8), max_size=30)
+MALFORMED = st.one_of(
+    st.text(),
+    PARTS.map(",".join),
+    st.integers(min_value=0, max_value=5000).map(lambda n: "," * n),
+    st.binary(max_size=200).map(lambda raw: raw.decode("latin-1")),
+    st.binary(max_size=200).map(lambda raw: raw.decode("utf-8", "surrogateescape")),
+    st.binary(max_size=200),  # not even text
+    # a real signature with one character of it replaced by anything
+    st.tuples(st.integers(min_value=0, max_value=200), st.characters()).map(
+        lambda at: _corrupted(signature_header(SECRET, BODY, NOW), *at)
+    ),
+)
+
+
+def _corrupted(header: str, at: int, char: str) -> str:
+    """`header` with its character at `at` (modulo its length) changed to `char`, or to a NUL
+    when it is `char` already."""
+    at %= len(header)
+    return header[:at] + (char if char != header[at] else "\x00") + header[at + 1 :]
+
+
+@hypothesis_settings(max_examples=400, deadline=None, database=None)
+@given(header=MALFORMED)
+@example(header=f"t=²,v1={'0' * 64}")  # isdigit(), then int() raised ValueError
+@example(header=f"t={NOW},v1=é")  # compare_digest() raised TypeError
+@example(header="t=" + "9" * 400 + ",v1=ab")  # the clock arithmetic raised OverflowError
+@example(header="t=" + "9" * 5000 + ",v1=ab")  # int() of 5,000 digits raised ValueError
+@example(header=signature_header(SECRET, BODY, NOW).replace(str(NOW), "١٨٠٠٠٠٠٠٠٠"))
+def test_any_malformed_header_is_refused_by_both_verifiers_and_never_raises(header):
+    # given the header of a forger (whatever the receiver's framework hands over): False, so
+    # the receiver answers 401, never 500
+    assert verify(SECRET, BODY, header, now=NOW) is False
+    assert _readme_verifier()(SECRET, BODY, header) is False
+
+
+@hypothesis_settings(max_examples=200, deadline=None, database=None)
+@given(
+    secret=st.text(min_size=1),
+    body=st.binary(),
+    skew=st.integers(min_value=-290, max_value=290),
+    others=st.lists(st.sampled_from(["v0=deadbeef", "x=1", " v2=abc", "future=a=b"]), max_size=3),
+)
+def test_valid_headers_still_verify_with_both_verifiers(secret, body, skew, others):
+    now = int(time.time())
+    header = ",".join([signature_header(secret, body, now + skew), *others])
+    assert verify(secret, body, header, now=now)
+    assert _readme_verifier()(secret, body, header)
 
 
 # -- what an attempt's result means --------------------------------------------------------
@@ -127,9 +195,11 @@ def test_the_backoff_grows_with_jitter_between_half_and_all_of_its_ceiling():
         assert len(set(delays)) > 100  # jittered, not in lockstep
 
 
-def test_the_backoff_waits_at_least_retry_after_but_never_past_the_cap():
+def test_the_backoff_waits_at_least_retry_after_however_long_past_the_cap():
+    # the delivery's deadline bounds a Retry-After (tests/jobs/test_callbacks.py), not the cap
     assert retry_delay(1, base=30, cap=900, retry_after=600) == 600
-    assert retry_delay(1, base=30, cap=900, retry_after=7200) == 900
+    assert retry_delay(1, base=30, cap=900, retry_after=7200) == 7200
+    assert 15 <= retry_delay(1, base=30, cap=900, retry_after=1) <= 30
 
 
 def test_the_default_schedule_spends_under_an_hour_over_eight_attempts():
@@ -144,3 +214,6 @@ def test_the_default_schedule_spends_under_an_hour_over_eight_attempts():
         for n in range(1, settings.RATEJOBS_CALLBACK_MAX_ATTEMPTS)
     )
     assert 20 * 60 < longest < 60 * 60
+    # and the default deadline leaves room for all of it, the attempts' own time included
+    attempts = settings.RATEJOBS_CALLBACK_MAX_ATTEMPTS * settings.RATEJOBS_CALLBACK_TIMEOUT
+    assert longest + attempts <= settings.RATEJOBS_CALLBACK_DEADLINE_SECONDS

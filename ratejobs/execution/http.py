@@ -481,11 +481,13 @@ def send(
     read_timeout: float = DEFAULT_READ_TIMEOUT,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     total_timeout: float | None = None,
+    max_redirects: int = MAX_REDIRECTS,
 ) -> HttpResult:
     """Send `request` with a session from new_session() and read at most max_body_bytes of the
     response.
 
-    Redirects are followed by hand, at most MAX_REDIRECTS, each hop through the outbound
+    Redirects are followed by hand, at most `max_redirects` (0: a 3xx is the answer), each
+    hop through the outbound
     policy. The credentials stay on while the target is on the request's scope (its base URL:
     same scheme, host and port, under the base path); a redirect anywhere else is followed
     without them (nor Authorization or Cookie) from then on. `total_timeout` bounds the whole
@@ -546,7 +548,7 @@ def send(
                     # repeated headers joined with ", ", as requests showed them
                     response_headers, headers_truncated = _capped_headers(dict(response.headers))
                     target = _redirect_target(status, response.headers.get("Location"), url)
-                    if target is not None and redirects < MAX_REDIRECTS:
+                    if target is not None and redirects < max_redirects:
                         redirects += 1
                         method, body, headers = _redirected(status, method, body, headers)
                         if not _in_scope(target, scope):

@@ -1,6 +1,7 @@
 """Which addresses the workers may connect to: public unicast addresses, plus the networks and
 host names an operator allows. Checked when an API is saved and again at connect time, on every
-address a host name resolves to, so neither a later DNS answer nor a redirect gets around it."""
+address a host name resolves to, so neither a later DNS answer nor a redirect gets around it.
+Job callbacks have a policy of their own, from another setting (ratejobs.services.callbacks)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-# The setting (and environment variable) operators allow internal addresses with; messages
-# name it so whoever reads a refusal knows where to look.
+# The setting (and environment variable) operators allow internal addresses for APIs with;
+# messages name a policy's setting so whoever reads a refusal knows where to look.
 ALLOW_SETTING = "RATEJOBS_OUTBOUND_ALLOW"
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -89,13 +90,17 @@ class Verdict:
 @dataclass(frozen=True)
 class OutboundPolicy:
     """Public unicast addresses, plus `networks`, plus whatever `hosts` resolve to. A host
-    entry "*.corp.internal" allows every name under corp.internal (not corp.internal itself)."""
+    entry "*.corp.internal" allows every name under corp.internal (not corp.internal itself).
+    `setting` names where the allow-list comes from, in its refusals and errors."""
 
     networks: tuple[IPNetwork, ...] = ()
     hosts: frozenset[str] = field(default_factory=frozenset)
+    setting: str = ALLOW_SETTING
 
     @classmethod
-    def from_allow_list(cls, entries: Iterable[str]) -> OutboundPolicy:
+    def from_allow_list(
+        cls, entries: Iterable[str], *, setting: str = ALLOW_SETTING
+    ) -> OutboundPolicy:
         """Entries are CIDRs ("10.0.0.0/8"), addresses ("10.1.2.3") or host names
         ("billing.internal", "*.corp.internal"); an entry may hold several, comma-separated.
         ValueError names the first bad entry."""
@@ -103,16 +108,16 @@ class OutboundPolicy:
         hosts: set[str] = set()
         for item in entries:
             if not isinstance(item, str):
-                raise ValueError(f"{ALLOW_SETTING}: entries must be strings, not {item!r}")
+                raise ValueError(f"{setting}: entries must be strings, not {item!r}")
             for raw in item.split(","):
                 entry = raw.strip()
                 if entry:
-                    parsed = _parse_entry(entry)
+                    parsed = _parse_entry(entry, setting)
                     if isinstance(parsed, str):
                         hosts.add(parsed)
                     else:
                         networks.append(parsed)
-        return cls(networks=tuple(dict.fromkeys(networks)), hosts=frozenset(hosts))
+        return cls(networks=tuple(dict.fromkeys(networks)), hosts=frozenset(hosts), setting=setting)
 
     def allows_host(self, host: str) -> bool:
         """Whether the allow-list names `host` (case-insensitive, exact or under a "*." entry)."""
@@ -128,13 +133,13 @@ class OutboundPolicy:
         ip = _parse_address(address)
         text = str(ip)
         if host is not None and self.allows_host(host):
-            return Verdict(True, text, f"host {_normal_host(host)} is in {ALLOW_SETTING}")
+            return Verdict(True, text, f"host {_normal_host(host)} is in {self.setting}")
         # ::ffff:127.0.0.1 and friends reach the IPv4 address inside: judge that.
         effective = _embedded_ipv4(ip) or ip
         for candidate in dict.fromkeys((ip, effective)):
             for network in self.networks:
                 if candidate.version == network.version and candidate in network:
-                    return Verdict(True, text, f"{network} is in {ALLOW_SETTING}")
+                    return Verdict(True, text, f"{network} is in {self.setting}")
         why_not = _why_not_public(effective)
         if why_not is None:
             return Verdict(True, text, "a public address")
@@ -148,29 +153,27 @@ class AddressRefused(Exception):
     sent; not an OSError, so the HTTP stack neither retries it nor files it as a network
     error."""
 
-    def __init__(self, verdict: Verdict, host: str) -> None:
-        super().__init__(refusal_message(verdict, host))
+    def __init__(self, verdict: Verdict, host: str, setting: str = ALLOW_SETTING) -> None:
+        super().__init__(refusal_message(verdict, host, setting))
         self.verdict = verdict
         self.host = host
 
 
-def refusal_message(verdict: Verdict, host: str) -> str:
+def refusal_message(verdict: Verdict, host: str, setting: str = ALLOW_SETTING) -> str:
     where = verdict.address if _normal_host(host) == verdict.address else (
         f"{verdict.address} of host {host}"
     )  # fmt: skip
-    return (
-        f"address {where} is not allowed by the outbound policy ({ALLOW_SETTING}): {verdict.reason}"
-    )
+    return f"address {where} is not allowed by the outbound policy ({setting}): {verdict.reason}"
 
 
 @functools.lru_cache(maxsize=8)
-def _cached_policy(entries: tuple[str, ...]) -> OutboundPolicy:
-    return OutboundPolicy.from_allow_list(entries)
+def _cached_policy(entries: tuple[str, ...], setting: str) -> OutboundPolicy:
+    return OutboundPolicy.from_allow_list(entries, setting=setting)
 
 
-def policy_for(entries: Iterable[str]) -> OutboundPolicy:
+def policy_for(entries: Iterable[str], *, setting: str = ALLOW_SETTING) -> OutboundPolicy:
     """OutboundPolicy.from_allow_list, parsed once per process for each allow-list."""
-    return _cached_policy(tuple(entries))
+    return _cached_policy(tuple(entries), setting)
 
 
 def check_url_allowed(
@@ -184,7 +187,7 @@ def check_url_allowed(
     if refused is not None:
         raise ValueError(
             f"{refused}. To allow it, add the address, its network or the host name to "
-            f"{ALLOW_SETTING}"
+            f"{policy.setting}"
         )
 
 
@@ -207,7 +210,7 @@ def refused_address(
     for answer in answers:
         verdict = policy.allows(answer[4][0], host=host)
         if not verdict.allowed:
-            return AddressRefused(verdict, host)
+            return AddressRefused(verdict, host, policy.setting)
     return None
 
 
@@ -251,11 +254,11 @@ def connect_allowed(
     if error is not None:
         raise error
     if refused is not None:
-        raise AddressRefused(refused, name)
+        raise AddressRefused(refused, name, policy.setting)
     raise OSError(f"no address found for {name}")
 
 
-def _parse_entry(entry: str) -> IPNetwork | str:
+def _parse_entry(entry: str, setting: str) -> IPNetwork | str:
     text = entry.strip("[]") if entry.startswith("[") else entry
     try:
         return ipaddress.ip_network(text)  # a bare address is a /32 or /128
@@ -265,18 +268,18 @@ def _parse_entry(entry: str) -> IPNetwork | str:
     with contextlib.suppress(ValueError):
         loose = ipaddress.ip_network(text, strict=False)
     if loose is not None:
-        raise ValueError(f"{ALLOW_SETTING}: {entry!r} has host bits set; did you mean {loose}?")
+        raise ValueError(f"{setting}: {entry!r} has host bits set; did you mean {loose}?")
     name = entry.lower()
     if not _HOST_NAME.match(name) or name in ("*.", "*"):
         raise ValueError(
-            f"{ALLOW_SETTING}: {entry!r} is neither a network in CIDR form (10.0.0.0/8), an "
+            f"{setting}: {entry!r} is neither a network in CIDR form (10.0.0.0/8), an "
             "address nor a host name (api.internal, *.corp.internal)"
         )
     last = name.rstrip(".").rsplit(".", 1)[-1]
     if last.isdigit() or last.startswith("0x"):
         # 127.1 or 0x7f000001 read as a name would allow whatever "resolves" from it.
         raise ValueError(
-            f"{ALLOW_SETTING}: {entry!r} looks like an address in a shorthand form; write it "
+            f"{setting}: {entry!r} looks like an address in a shorthand form; write it "
             "as a dotted quad or a CIDR (127.0.0.1, 127.0.0.0/8)"
         )
     return name.rstrip(".")

@@ -23,7 +23,8 @@ from ratejobs.permissions import can_submit_to
 from ratejobs.services.callbacks import (
     callback_fields_on_finish,
     callback_url_check,
-    job_callback_queue,
+    job_callback_prepare,
+    job_callback_supersede,
 )
 from ratejobs.services.credentials import (
     check_credential_key,
@@ -36,6 +37,13 @@ from ratejobs.services.workers import database_now
 logger = logging.getLogger(__name__)
 
 CALL_FIELDS = {"method", "path", "query", "headers", "json", "body", "cost", "credential_key"}
+# The text columns a call spec fills and their lengths, checked before the database does: a
+# value too long is a 400 naming the field, not PostgreSQL's DataError (a 500) or SQLite
+# storing it whole. (method and credential_key have shapes that fit today's columns; checked
+# all the same.) The job's own columns are held by Job.full_clean in job_submit.
+BOUNDED_CALL_FIELDS = {
+    name: Call._meta.get_field(name).max_length for name in ("method", "path", "credential_key")
+}
 # Rows per INSERT: large enough to be fast, small enough for SQLite's variable limit.
 BULK_BATCH = 2000
 # A job at least this large refreshes the planner's statistics of the calls table once stored.
@@ -91,6 +99,9 @@ def _call_fields_and_weight(*, api: Api, spec: Any) -> tuple[dict[str, Any], int
         errors["method"] = str(exc)
     if not isinstance(path, str) or not path:
         errors["path"] = "a path relative to the API's base URL is required"
+    for name, most in BOUNDED_CALL_FIELDS.items():
+        if name not in errors and isinstance(spec.get(name), str) and len(spec[name]) > most:
+            errors[name] = f"at most {most:,} characters (it has {len(spec[name]):,})"
     if query is not None and not (
         isinstance(query, Mapping)
         and all(isinstance(v, str | int | float | bool | list) for v in query.values())
@@ -506,18 +517,21 @@ def job_lock(job_id: int) -> str | None:
 
 def job_complete_if_done(*, job_id: int) -> bool:
     """Mark the job completed once every call is final (counters move with the calls); a job
-    with a callback_url gets its delivery in the same statement, sent once this commits."""
-    completed = bool(
-        Job.objects.filter(
-            pk=job_id,
-            status__in=(Job.Status.QUEUED, Job.Status.RUNNING, Job.Status.PAUSED),
-            total=F("succeeded") + F("failed") + F("cancelled"),
-        ).update(
-            status=Job.Status.COMPLETED, finished=timezone.now(), **callback_fields_on_finish()
+    with a callback_url gets its delivery in the same statement, its body in the same
+    transaction, and is sent once this commits."""
+    # no savepoint: writing outcomes calls this for each of its jobs, inside its transaction
+    with transaction.atomic(savepoint=False):
+        completed = bool(
+            Job.objects.filter(
+                pk=job_id,
+                status__in=(Job.Status.QUEUED, Job.Status.RUNNING, Job.Status.PAUSED),
+                total=F("succeeded") + F("failed") + F("cancelled"),
+            ).update(
+                status=Job.Status.COMPLETED, finished=timezone.now(), **callback_fields_on_finish()
+            )
         )
-    )
-    if completed:
-        job_callback_queue(job_id=job_id)
+        if completed:
+            job_callback_prepare(job_id=job_id)
     return completed
 
 
@@ -554,7 +568,7 @@ def job_cancel(*, job: Job) -> Job:
         status=Job.Status.CANCELLED, finished=now, **callback_fields_on_finish()
     )
     _cancel_pending_calls(job_id=job.pk, now=now)
-    job_callback_queue(job_id=job.pk)
+    job_callback_prepare(job_id=job.pk)
     locked.refresh_from_db()
     return locked
 
@@ -633,6 +647,7 @@ def job_retry_failed(*, job: Job) -> Job:
         Job.objects.filter(pk=job.pk).update(
             failed=F("failed") - again, status=new_status, finished=None, bodies_removed_at=None
         )
+        job_callback_supersede(job_id=job.pk)
         _rejoin_fairly(locked)
         transaction.on_commit(lambda: request_dispatch(job.api_id))
     locked.refresh_from_db()
