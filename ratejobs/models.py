@@ -505,3 +505,22 @@ class SigningKey(models.Model):
 
     def __str__(self) -> str:
         return f"signing key of {self.user}"
+
+
+class KeptUpload(models.Model):
+    """The file of calls a user's last refused submit on the admin page kept, so the next try
+    can use it again (a browser empties its file input): one per user, a new one replacing it,
+    in the database rather than in the Redis the limiter and the broker live in."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="kept_upload"
+    )
+    token = models.CharField(max_length=64, editable=False)
+    name = models.CharField(max_length=255, editable=False)
+    content = models.BinaryField(editable=False)
+    size = models.PositiveIntegerField(editable=False)
+    kept_until = models.DateTimeField(db_index=True, editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.name} kept for {self.user}"
+

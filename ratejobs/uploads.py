@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import re
-import secrets
 import string
 from array import array
 from collections.abc import Iterable, Iterator
@@ -18,10 +16,10 @@ from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import parse_qsl, quote
 
-from django.core.cache import cache
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import transaction
 
+from ratejobs.json_limits import JsonTooDeep, loads_bounded
 from ratejobs.models import Api, Job
 from ratejobs.services.jobs import CallsInvalid, call_fields_from_spec, job_submit
 
@@ -47,10 +45,11 @@ JSON_COLUMNS = ("headers", "json")
 # A reply names this many errors, in line order, and counts the rest: enough to fix a
 # systematic mistake, short enough to read.
 MAX_ERRORS_SHOWN = 20
-# The job service stops checking calls after 20 bad ones; the rest of the file is then read
-# only to count its errors, for at most this many more calls (about 2 s of reading) before the
-# count becomes "at least N".
-MAX_CALLS_COUNTED_AFTER_REFUSAL = 100_000
+# Once a file has an error, of any kind, at most this many more lines are read (about 2 s of
+# reading and checking), only to count their errors; then the count becomes "at least N". The
+# job service stops checking calls after 20 bad ones, and a file of a million unreadable lines
+# costs no more to refuse than one of a hundred thousand.
+MAX_LINES_READ_AFTER_AN_ERROR = 100_000
 
 csv.field_size_limit(MAX_LINE_BYTES)  # process-wide in the csv module; no per-reader limit
 
@@ -131,23 +130,33 @@ class NumberedCalls:
         self._lines = array("L")  # 4 or 8 bytes a call: a million calls cost a few MiB
         self._unreadable = _ErrorsInLineOrder()  # lines that are no call
         self._refused = _ErrorsInLineOrder()  # calls the job service refused
-        self._ended = False
+        self._ended = False  # the file was read to its end
+        self._read_after_an_error = 0
         self._raise_at_end = True
 
     def __iter__(self) -> NumberedCalls:
         return self
 
     def __next__(self) -> dict:
-        for line, spec in self._numbered:
+        while not self._out_of_budget():
+            try:
+                line, spec = next(self._numbered)
+            except StopIteration:
+                self._ended = True
+                break
+            if self.has_errors():
+                self._read_after_an_error += 1
             if isinstance(spec, UploadError):
                 self._unreadable.add(LineError(spec.line, NON_FIELD_ERRORS, spec.reason))
                 continue
             self._lines.append(line)
             return spec
-        self._ended = True
         if self._raise_at_end and self.has_errors():
             raise self.errors()
         raise StopIteration
+
+    def _out_of_budget(self) -> bool:
+        return self._read_after_an_error >= MAX_LINES_READ_AFTER_AN_ERROR
 
     def line_of(self, index: int) -> int | None:
         return self._lines[index] if 0 <= index < len(self._lines) else None
@@ -175,7 +184,7 @@ class NumberedCalls:
 
     def _count_the_rest(self, api: Api) -> None:
         """After the job service stopped at its 20th bad call, check the calls after it only to
-        count their errors, up to MAX_CALLS_COUNTED_AFTER_REFUSAL calls."""
+        count their errors, up to MAX_LINES_READ_AFTER_AN_ERROR lines."""
         start = len(self._lines)
         for offset, spec in enumerate(self):
             try:
@@ -187,8 +196,6 @@ class NumberedCalls:
                     else {NON_FIELD_ERRORS: exc.messages}
                 )
                 self._add_refused_call(start + offset, fields)
-            if offset + 1 >= MAX_CALLS_COUNTED_AFTER_REFUSAL:
-                return
 
 
 class _LinesRefused(Exception):
@@ -246,7 +253,10 @@ def _numbered_jsonl(stream: IO[bytes]) -> Iterator[tuple[int, dict | UploadError
         if not text.strip():
             continue
         try:
-            spec = json.loads(text)
+            spec = loads_bounded(text)
+        except JsonTooDeep as exc:
+            yield line_number, UploadError(str(exc), line_number)
+            continue
         except ValueError as exc:
             yield line_number, UploadError(f"not valid JSON: {exc}", line_number)
             continue
@@ -319,7 +329,9 @@ def _csv_call(cells: dict[str, str], line: int) -> dict:
             spec[name] = _query_from_string(cell.strip())
         else:
             try:
-                spec[name] = json.loads(cell)
+                spec[name] = loads_bounded(cell, outer_levels=1)  # the call holds the cell
+            except JsonTooDeep as exc:
+                raise UploadError(f"column {name}: {exc}", line) from None
             except ValueError as exc:
                 raise UploadError(f"column {name}: not valid JSON: {exc}", line) from None
     return spec
@@ -394,63 +406,3 @@ def calls_from_upload(name: str, stream: IO[bytes]) -> NumberedCalls:
     if lowered.endswith(".csv"):
         return calls_from_csv(stream)
     raise UploadError("unsupported file type: use .csv or .jsonl")
-
-
-# --- an upload kept between tries ----------------------------------------------------------
-# A browser empties a file input when the form comes back with errors, so the admin's submit
-# page keeps the file in the cache (Redis, shared by every web process) for the next try.
-
-# A file is kept for this long after a try: long enough to fix the form, short enough that
-# files do not pile up in Redis.
-KEPT_UPLOAD_SECONDS = 60 * 60
-# Larger files are not kept (Redis holds a value in memory): they must be chosen again.
-KEPT_UPLOAD_MAX_BYTES = 16 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class KeptUpload:
-    """A file of calls kept from a try, known by a random token to the user who sent it."""
-
-    token: str
-    name: str
-    content: bytes
-
-    @property
-    def size(self) -> int:
-        return len(self.content)
-
-
-def _kept_upload_key(user: Any, token: str) -> str:
-    return f"kept-upload:{user.pk}:{token}"
-
-
-def upload_keep(*, user: Any, name: str, stream: IO[bytes], size: int) -> KeptUpload | None:
-    """Keep a file for the user's next try, or None when it is over KEPT_UPLOAD_MAX_BYTES."""
-    if size > KEPT_UPLOAD_MAX_BYTES:
-        return None
-    stream.seek(0)
-    content = stream.read(KEPT_UPLOAD_MAX_BYTES + 1)
-    if len(content) > KEPT_UPLOAD_MAX_BYTES:
-        return None
-    kept = KeptUpload(token=secrets.token_urlsafe(16), name=name, content=content)
-    cache.set(_kept_upload_key(user, kept.token), (name, content), KEPT_UPLOAD_SECONDS)
-    return kept
-
-
-def upload_kept(*, user: Any, token: str) -> KeptUpload | None:
-    """The file the user's last try kept under this token; None once expired, or when the
-    token is another user's or not one at all. Kept an hour more from now."""
-    if not token or len(token) > 64:
-        return None
-    key = _kept_upload_key(user, token)
-    found = cache.get(key)
-    if found is None:
-        return None
-    cache.touch(key, KEPT_UPLOAD_SECONDS)
-    name, content = found
-    return KeptUpload(token=token, name=name, content=content)
-
-
-def upload_forget(*, user: Any, token: str) -> None:
-    if token:
-        cache.delete(_kept_upload_key(user, token))

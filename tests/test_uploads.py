@@ -210,7 +210,7 @@ def test_errors_past_the_cap_are_counted_in_one_line():
 @pytest.mark.usefixtures("services_redis")
 def test_a_huge_file_counts_its_errors_only_so_far(api, user, monkeypatch):
     # given a file whose calls are all bad, longer than the count after a refusal may read
-    monkeypatch.setattr(uploads, "MAX_CALLS_COUNTED_AFTER_REFUSAL", 50)
+    monkeypatch.setattr(uploads, "MAX_LINES_READ_AFTER_AN_ERROR", 50)
     lines = b"".join(b'{"path": "/../x"}\n' for _ in range(200))
     with pytest.raises(UploadErrors) as raised:
         job_submit_from_file(calls=calls_from_jsonl(io.BytesIO(lines)), api=api, owner=user,

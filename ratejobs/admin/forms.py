@@ -9,25 +9,22 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.template.defaultfilters import filesizeformat
 
 from ratejobs.execution.urls import ALLOWED_METHODS
 from ratejobs.limiter.config import MAX_COST
-from ratejobs.models import CREDENTIAL_KEY_MESSAGE, CREDENTIAL_KEY_PATTERN, MAX_PRIORITY, Api
+from ratejobs.models import (
+    CREDENTIAL_KEY_MESSAGE,
+    CREDENTIAL_KEY_PATTERN,
+    MAX_PRIORITY,
+    Api,
+    KeptUpload,
+)
 from ratejobs.permissions import apis_open_to
 from ratejobs.services.apis import WINDOW_FIELDS, api_validate
-from ratejobs.uploads import (
-    KEPT_UPLOAD_MAX_BYTES,
-    KeptUpload,
-    NumberedCalls,
-    calls_from_template,
-    calls_from_upload,
-    upload_forget,
-    upload_keep,
-    upload_kept,
-)
+from ratejobs.services.kept_uploads import UploadNotKept, upload_forget, upload_keep, upload_kept
+from ratejobs.uploads import NumberedCalls, calls_from_template, calls_from_upload
 
-# The form's data naming the file kept from the last try (see uploads.upload_keep), and the
+# The form's data naming the file kept from the last try (services.kept_uploads), and the
 # box that says not to use it.
 KEPT_UPLOAD_FIELD = "kept_upload"
 DROP_KEPT_UPLOAD_FIELD = "kept_upload_drop"
@@ -145,14 +142,13 @@ class JobSubmitForm(forms.Form):
         upload = self.files.get("calls_file")
         if upload is None:
             return  # the file kept before (self.kept), if any, is offered again
-        upload_forget(user=self.user, token=self.data.get(KEPT_UPLOAD_FIELD, ""))
-        self.kept = upload_keep(user=self.user, name=upload.name, stream=upload, size=upload.size)
-        if self.kept is None:
-            self.not_kept = (
-                f"{upload.name} ({filesizeformat(upload.size)}) is larger than "
-                f"{filesizeformat(KEPT_UPLOAD_MAX_BYTES)} and is not kept between tries: "
-                "choose it again."
+        try:  # in place of the file kept before, if any
+            self.kept = upload_keep(
+                user=self.user, name=upload.name, stream=upload, size=upload.size
             )
+        except UploadNotKept as exc:
+            self.kept, self.not_kept = None, str(exc)
+            upload_forget(user=self.user, token=self.data.get(KEPT_UPLOAD_FIELD, ""))
 
     def forget_kept_upload(self) -> None:
         """After the job was made from it."""

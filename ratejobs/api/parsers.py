@@ -21,6 +21,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 
 from ratejobs.api.errors import RequestTooLarge
+from ratejobs.json_limits import MAX_JSON_DEPTH, TOO_DEEP
 from ratejobs.uploads import NumberedCalls, calls_from_jsonl
 
 # Bytes read from the request at a time.
@@ -29,8 +30,6 @@ READ_CHUNK_BYTES = 1024 * 1024
 # objects (72 bytes for the 3 of `[],`), so values are counted before anything is built.
 # Bodies other than a job's calls are a handful of fields: this is plenty for them.
 MAX_JSON_VALUES = 100_000
-# Deeper nesting than any call needs; json.loads would hit Python's recursion limit (a 500).
-MAX_JSON_DEPTH = 64
 # Values a call may hold besides those of its JSON body (query parameters and headers).
 CALL_VALUES_BESIDES_BODY = 10_000
 # ijson's default backend (yajl, in C) refuses an integer over 64 bits, which JSON allows: a text
@@ -169,7 +168,7 @@ def _count_values(events: Iterator[tuple[str, Any]], most: int) -> None:
         if event in ("start_map", "start_array"):
             depth += 1
             if depth > MAX_JSON_DEPTH:
-                raise ParseError(f"JSON nested too deep: at most {MAX_JSON_DEPTH} levels.")
+                raise ParseError(f"{TOO_DEEP}.")
 
 
 class LimitedJSONParser(BaseParser):
@@ -288,8 +287,8 @@ def _count_calls(events: Iterator[tuple[str, Any]]) -> int:
             )
         if event in ("start_map", "start_array"):
             depth += 1
-            if depth >= MAX_JSON_DEPTH:
-                raise ParseError(f"JSON nested too deep: at most {MAX_JSON_DEPTH} levels.")
+            if depth > MAX_JSON_DEPTH:  # the call's own object is level 1
+                raise ParseError(f"{TOO_DEEP}.")
     return count
 
 
@@ -315,7 +314,7 @@ def _build(event: str, value: Any, events: Iterator[tuple[str, Any]], budget: li
         if budget[0] < 0:
             raise ParseError(f"Too many JSON values: at most {MAX_JSON_VALUES}.")
         if len(stack) >= MAX_JSON_DEPTH:
-            raise ParseError(f"JSON nested too deep: at most {MAX_JSON_DEPTH} levels.")
+            raise ParseError(f"{TOO_DEEP}.")
         item = {} if event == "start_map" else [] if event == "start_array" else value
         parent = stack[-1]
         if isinstance(parent, dict):

@@ -20,6 +20,7 @@ from django.db.models import Q, QuerySet, Subquery
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
 from ratejobs.namespace import redis_key
 from ratejobs.services.apis import redis_client
+from ratejobs.services.kept_uploads import kept_uploads_remove_expired
 from ratejobs.services.workers import database_now
 
 logger = logging.getLogger(__name__)
@@ -383,6 +384,7 @@ def retention_run(*, run_seconds: float = RUN_SECONDS) -> RetentionResult:
         ),
         bodies=call_bodies_remove_old(days=settings.RATEJOBS_KEEP_BODIES_DAYS, deadline=deadline),
     )
+    kept_uploads_remove_expired()  # at most one file a user: one statement
     parts = (result.purged, result.events, result.bodies)
     if any(part.rows for part in parts):
         logger.info(

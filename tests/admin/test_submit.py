@@ -10,6 +10,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.templatetags.static import static
 from django.urls import reverse
 
+from ratejobs import devredis
 from ratejobs.models import Call, Job
 from ratejobs.uploads import CSV_COLUMNS
 
@@ -247,3 +248,49 @@ def test_the_samples_are_linked_explained_and_submit_cleanly(root_client, api, n
         ("GET", "/items/1", None), ("GET", "/items", None), ("POST", "/items", None),
         ("PUT", "/items/4", "a text body\non two lines"), ("DELETE", "/items/5", None),
     ]  # fmt: skip
+
+
+def dead_cache() -> dict:
+    """CACHES on a port nobody listens on, as when the cache's Redis restarts."""
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{devredis.free_port()}/0",
+        }
+    }
+
+
+@pytest.fixture
+def cache_down(settings):
+    settings.CACHES = dead_cache()
+
+
+def test_with_the_cache_down_a_bad_file_is_refused_with_its_errors_and_kept(
+    root_client, api, cache_down
+):
+    upload = SimpleUploadedFile("calls.csv", b"path,cost\n/a,-1\n/b,2\n")
+    response = submit(root_client, api, calls_file=upload)
+    # expect: the page with the file's errors, and the file kept (in the database, not the
+    # cache) for the next try; nothing stored
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "line 2: cost:" in html
+    assert "Using <strong>calls.csv</strong>" in html
+    assert not Job.objects.exists()
+
+
+def test_with_the_cache_down_a_good_file_still_makes_its_job(root_client, api, cache_down):
+    upload = SimpleUploadedFile("calls.csv", b"path\n/a\n/b\n")
+    response = submit(root_client, api, calls_file=upload)
+    assert response.status_code == 302
+    assert Job.objects.get().total == 2
+
+
+def test_with_the_cache_down_a_kept_file_is_still_there(root_client, api, settings):
+    # given a file kept by a refused try, and then the cache going down
+    upload = SimpleUploadedFile("calls.csv", b"path\n/a\n")
+    token = submit(root_client, api, calls_file=upload, priority=0).context["form"].kept.token
+    settings.CACHES = dead_cache()
+    response = submit(root_client, api, kept_upload=token)
+    assert response.status_code == 302
+    assert Job.objects.get().total == 1

@@ -10,6 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from rest_framework.authtoken.models import Token
 
+from ratejobs.devredis import free_port
 from ratejobs.models import Call, Job
 from ratejobs.services.jobs import job_create
 from tests.api.realserver import post_raw
@@ -63,6 +64,30 @@ def test_the_rate_holds_across_web_processes(web_server, django_user_model, make
     statuses = [post_raw(server.url, "/api/jobs/", headers, body).status for _ in range(8)]
     assert sorted(statuses) == [201] * 3 + [429] * 5
     assert Job.objects.filter(owner=person).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_with_the_cache_down_jobs_are_taken_uncounted_and_the_caps_still_hold(
+    web_server, django_user_model, make_api
+):
+    # given: the web server's cache on a port nobody listens on (its Redis restarting)
+    person = django_user_model.objects.create_user("patient", password="patient-password")
+    token = Token.objects.create(user=person).key
+    api_name = make_api().name
+    server = web_server(
+        RATEJOBS_CACHE_URL=f"redis://127.0.0.1:{free_port()}/0",
+        RATEJOBS_JOB_CREATE_RATE="1/min",
+        RATEJOBS_MAX_ACTIVE_JOBS_PER_USER="2",
+    )
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    body = b'{"api": "%s", "name": "n", "calls": [{"path": "/a"}]}' % api_name.encode()
+    answers = [post_raw(server.url, "/api/jobs/", headers, body) for _ in range(3)]
+    # expect: stored for later (not a 500), the rate not counted, the database's cap enforced
+    assert [answer.status for answer in answers] == [201, 201, 400]
+    assert b"RATEJOBS_MAX_ACTIVE_JOBS_PER_USER" in answers[2].body
+    assert Job.objects.filter(owner=person).count() == 2
+    assert "the cache failed, not counting" in server.log.read_text()
 
 
 def test_unfinished_jobs_per_user_are_limited(api_client, api, user, settings):
