@@ -27,4 +27,7 @@ USER ratejobs
 
 ENV DJANGO_SETTINGS_MODULE=project.settings.production
 EXPOSE 8000
-CMD ["gunicorn", "project.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--timeout", "600", "--access-logfile", "-"]
+# Threads (gthread): a download read slowly holds a thread, not a whole worker process, so three
+# slow clients do not stop everyone else (docs/benchmarks.md, "slow downloads"); docker-compose.yml
+# runs the same command.
+CMD ["gunicorn", "project.wsgi", "--bind", "0.0.0.0:8000", "--workers", "3", "--worker-class", "gthread", "--threads", "4", "--timeout", "600", "--access-logfile", "-"]

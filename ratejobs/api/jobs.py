@@ -686,7 +686,13 @@ class JobResultsJsonlView(_JobResultsView):
 
 
 @extend_schema_view(
-    get=_results_schema("csv", "The job's results as CSV, a header line first (RFC 4180).")
+    get=_results_schema(
+        "csv",
+        "The job's results as CSV, a header line first (RFC 4180). A text cell that starts "
+        "with =, +, -, @, a tab or a carriage return is written with a leading ' (CSV "
+        "injection: a spreadsheet would run it as a formula), a base64 body too; the JSON "
+        "lines file gives every value exactly.",
+    )
 )
 class JobResultsCsvView(_JobResultsView):
     format_name = "csv"

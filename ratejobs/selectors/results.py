@@ -3,7 +3,6 @@ memory, the one row format behind the REST download, the admin's button and expo
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
 import json
@@ -12,8 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
-from django.db import connection, transaction
+from django.db.models import Case, F, QuerySet, RowRange, Sum, When, Window
+from django.db.models.functions import Coalesce, Length
 from django.http import StreamingHttpResponse
 
 from ratejobs.models import Call, Job
@@ -42,40 +41,69 @@ RESULT_FIELDS = (
 )
 # What is read: the same, but whether the body is base64, which is worked out from the body.
 _COLUMNS = tuple(name for name in RESULT_FIELDS if name != "response_body_base64")
-# Rows held at once are bounded by bytes, not by count: a stored body may be as large as
-# RATEJOBS_MAX_RESPONSE_BYTES (1 MiB), so the rows fetched per round trip are this budget
-# divided by that cap, within these bounds (64 rows for the defaults).
-FETCH_BUDGET_BYTES = 64 * 1024 * 1024
-MIN_FETCH_ROWS = 16
-MAX_FETCH_ROWS = 2000
+# The calls are read in pages, each one short statement (see call_result_rows) of at most
+# PAGE_ROWS calls and PAGE_BUDGET_BYTES of bodies, plus the body of the call that crosses it.
+# Bounded by bytes, not by count: a stored body may be as large as RATEJOBS_MAX_RESPONSE_BYTES
+# (1 MiB), and each download (a thread of the web server) holds a page a few times over (bytes,
+# text, the encoded lines). Large enough that a statement's own cost (about a millisecond)
+# stays a few percent of writing its page out: 2,000 small bodies, or 8 MiB of large ones.
+PAGE_BUDGET_BYTES = 8 * 1024 * 1024
+PAGE_ROWS = 2000
 # The response is written in pieces of about this size: one syscall per few hundred rows,
 # not one per row.
 PIECE_BYTES = 256 * 1024
 
 
-def _fetch_rows() -> int:
-    per_row = max(settings.RATEJOBS_MAX_RESPONSE_BYTES, 1)
-    return max(MIN_FETCH_ROWS, min(MAX_FETCH_ROWS, FETCH_BUDGET_BYTES // per_row))
-
-
 def call_result_rows(job: Job) -> Iterator[tuple[Any, ...]]:
     """The job's calls in index order as tuples of RESULT_FIELDS (times as ISO 8601 text), read
-    through a server-side cursor (PostgreSQL) or in chunks (SQLite), never all at once."""
-    rows = (
-        Call.objects.filter(job_id=job.pk)
-        .order_by("index")
-        .values_list(*_COLUMNS)
-        .iterator(chunk_size=_fetch_rows())
-    )
-    # PostgreSQL: outside a transaction Django declares the cursor WITH HOLD, and the server
-    # then computes the whole result (a temporary file of the job's bodies) before the first
-    # row; inside one, rows come as they are read. SQLite's transactions here are IMMEDIATE
-    # (they take the write lock), and its cursor reads step by step without one.
-    within = transaction.atomic() if connection.vendor == "postgresql" else contextlib.nullcontext()
-    with within:
-        for *call, body, truncated, removed, key in rows:
+    a page at a time (_page), never all at once."""
+    # Keyset pages (index > the last one read, ORDER BY index LIMIT n), each a statement of its
+    # own in autocommit: between pages the connection holds no transaction, no cursor and no
+    # snapshot, however slowly the client reads. A cursor open for the whole file would leave
+    # an "idle in transaction" session behind a slow client, holding VACUUM back until
+    # idle_in_transaction_session_timeout cut the download. (job, index) is unique, so every
+    # call comes once and in order, also while calls change meanwhile: each row is as it was
+    # when its page was read.
+    after, rows = -1, PAGE_ROWS
+    while True:
+        page = list(_page(job.pk, after, rows))
+        kept = 0
+        for *call, body, truncated, removed, key, before in page:
+            if before >= PAGE_BUDGET_BYTES:
+                break  # read without its body: the next page begins with it
+            after, kept = call[0], kept + 1
             text, is_base64 = response_body_output(body, truncated=truncated)
             yield (*call, text, is_base64, truncated, _moment(removed), key or job.credential_key)
+        else:
+            if len(page) < rows:
+                return
+        del page  # else it is held while the next page is read: two pages instead of one
+        # Twice the calls this page kept: large bodies fill a page with a few calls, and the
+        # calls read past the budget (without their bodies) are read again by the next page.
+        rows = min(PAGE_ROWS, 2 * kept)
+
+
+def _page(job_id: int, after: int, rows: int) -> QuerySet:
+    """Up to `rows` calls of the job after index `after`, as _COLUMNS and the bytes of the
+    bodies before each in the page; a body only while those are under PAGE_BUDGET_BYTES."""
+    # The sizes are the database's (length() of a stored value reads no body), so the bodies
+    # past the budget are never read, and the page is one statement: one snapshot.
+    before = Coalesce(
+        Window(
+            Sum(Coalesce(Length("response_body"), 0)),
+            order_by="index",
+            frame=RowRange(start=None, end=-1),
+        ),
+        0,
+    )
+    body = Case(When(before__lt=PAGE_BUDGET_BYTES, then=F("response_body")))
+    columns = ["held_body" if name == "response_body" else name for name in _COLUMNS]
+    return (
+        Call.objects.filter(job_id=job_id, index__gt=after)
+        .order_by("index")
+        .annotate(before=before, held_body=body)
+        .values_list(*columns, "before")[:rows]
+    )
 
 
 def _moment(value: datetime | None) -> str | None:
@@ -107,18 +135,15 @@ def results_jsonl(rows: Iterable[tuple[Any, ...]]) -> Iterator[bytes]:
 
 
 def results_csv(rows: Iterable[tuple[Any, ...]]) -> Iterator[bytes]:
-    """A header line of RESULT_FIELDS, then a line a call: empty for null, true/false."""
+    """A header line of RESULT_FIELDS, then a line a call: empty for null, true/false, text that
+    a spreadsheet would run as a formula behind a ' (see _csv_cell)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
 
     def lines() -> Iterator[str]:
         yield ",".join(RESULT_FIELDS) + "\r\n"  # plain names: nothing to quote
-        for (index, method, path, status, code, attempts, duration, cost, cost_used, error,
-             body, is_base64, cut, removed, key) in rows:  # fmt: skip
-            writer.writerow(
-                (index, method, path, status, code, attempts, duration, cost, cost_used, error,
-                 body, _flag(is_base64), _flag(cut), removed, key)
-            )  # fmt: skip
+        for row in rows:
+            writer.writerow([_csv_cell(value) for value in row])
             yield buffer.getvalue()
             buffer.seek(0)
             buffer.truncate()
@@ -126,8 +151,23 @@ def results_csv(rows: Iterable[tuple[Any, ...]]) -> Iterator[bytes]:
     return _pieces(lines())
 
 
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
+# OWASP "CSV Injection": a spreadsheet runs a cell that starts with one of these as a formula
+# (`=HYPERLINK(...)`, `+cmd|...`, `-2+3`, `@SUM(...)`; tab and CR are skipped by some before
+# they read the rest). Bodies and errors come from third parties, paths and credential keys
+# from submitters, so every text cell that starts so is written behind a `'`, which makes the
+# spreadsheet show it as text. Only in CSV: JSON lines keep every value exactly.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _csv_cell(value: Any) -> Any:
+    """A row's value as its CSV cell: text made inert (FORMULA_STARTS), booleans as true/false;
+    numbers and None (an empty cell) as the csv module writes them."""
+    # Exact classes: bool is an int, and the row holds only str, bool, int, float and None.
+    if value.__class__ is str:
+        return "'" + value if value.startswith(FORMULA_STARTS) else value
+    if value.__class__ is bool:
+        return "true" if value else "false"
+    return value
 
 
 @dataclass(frozen=True)

