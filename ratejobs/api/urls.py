@@ -49,7 +49,12 @@ urlpatterns = [
     ),
     path("signing-key/", signing_keys.SigningKeyView.as_view(), name="signing-key"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("docs/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="docs"),
+    # GET and HEAD only: its HTML renderer has no template for an OPTIONS answer (a 500)
+    path(
+        "docs/",
+        SpectacularSwaggerView.as_view(url_name="api:schema", http_method_names=["get", "head"]),
+        name="docs",
+    ),
     # Last: whatever matched no route above, newlines included (`.` would stop at one).
     re_path(r"^(?P<rest>[\s\S]*)\Z", index.not_found, name="not-found"),
 ]

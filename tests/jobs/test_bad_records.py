@@ -14,6 +14,7 @@ from ratejobs.models import MAX_THROTTLED_RETRIES, Api, Call, ThrottleEvent
 from ratejobs.services.dispatch import calls_per_message, dispatch_window
 from ratejobs.services.reconcile import reconcile
 from tests.api.test_apis import api_payload
+from tests.jobs.test_dispatch import LOCK_WAIT_TIMEOUT_SECONDS, backend_pid, wait_until_blocked
 
 HUGE = 1.7976931348623157e308  # what a schemathesis run got stored as a rate
 
@@ -134,32 +135,43 @@ def test_two_concurrent_creates_of_one_api_name_give_one_api_and_one_clear_error
     from ratejobs.services.apis import api_create
 
     fields = {"name": unique_name, "base_url": "https://api.example.com", "rate": 5}
-    inserted, go_on = threading.Event(), threading.Event()
+    inserted, connected, go_on = threading.Event(), threading.Event(), threading.Event()
     outcomes: dict[str, object] = {}
+    pids: dict[str, int] = {}
 
     def first() -> None:
         try:
+            pids["first"] = backend_pid()
             with transaction.atomic():  # inserted but not committed while the second checks
                 outcomes["first"] = api_create(**fields)
                 inserted.set()
-                go_on.wait(10)
+                go_on.wait(LOCK_WAIT_TIMEOUT_SECONDS)
         finally:
+            inserted.set()
             connection.close()
 
     def second() -> None:
-        inserted.wait(10)
+        inserted.wait(LOCK_WAIT_TIMEOUT_SECONDS)
         try:
+            pids["second"] = backend_pid()
+            connected.set()
             outcomes["second"] = api_create(**fields)
         except Exception as exc:  # noqa: BLE001 - what it raised is the result
             outcomes["second"] = exc
         finally:
+            connected.set()
             connection.close()
 
     threads = [threading.Thread(target=first), threading.Thread(target=second)]
     for thread in threads:
         thread.start()
-    threading.Event().wait(1.0)  # the second is past its check, waiting on the insert
-    go_on.set()
+    try:
+        assert inserted.wait(LOCK_WAIT_TIMEOUT_SECONDS) and "first" in outcomes, outcomes
+        assert connected.wait(LOCK_WAIT_TIMEOUT_SECONDS) and "second" in pids, outcomes
+        # the second is past its check: its insert waits for the first's uncommitted row
+        wait_until_blocked(pids["second"], pids["first"])
+    finally:
+        go_on.set()
     for thread in threads:
         thread.join(30)
     # expect: one API, and a 400-style error naming the field, never an IntegrityError (500)

@@ -41,6 +41,31 @@ def owner():
     return get_user_model().objects.create_user("dispatch-owner", password="x")
 
 
+# How long a test waits for another transaction to reach a lock it is meant to wait on: only
+# a hung or broken setup takes this long.
+LOCK_WAIT_TIMEOUT_SECONDS = 10.0
+
+
+def backend_pid() -> int:
+    """This thread's PostgreSQL backend (its connection opened if need be)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+def wait_until_blocked(waiter: int, holder: int) -> None:
+    """Return once PostgreSQL shows backend `waiter` waiting on a lock that backend `holder`
+    holds: the race a test sets up has then begun, however long the waiter took to get there."""
+    deadline = time.monotonic() + LOCK_WAIT_TIMEOUT_SECONDS
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute("SELECT %s = ANY(pg_blocking_pids(%s))", [holder, waiter])
+            if cursor.fetchone()[0]:
+                return
+            assert time.monotonic() < deadline, f"backend {waiter} never waited on {holder}"
+            time.sleep(0.01)
+
+
 def calls(n: int) -> list[dict]:
     return [{"method": "GET", "path": f"/items/{i}"} for i in range(n)]
 
@@ -159,20 +184,27 @@ def test_a_dispatch_running_while_a_job_is_paused_neither_deadlocks_nor_dispatch
     job = job_create(owner=owner, api=api, name="paused mid-dispatch", calls=[{"path": "/a"}] * 20)
     errors: list[BaseException] = []
     results = []
+    dispatcher_pid: list[int] = []
+    connected = threading.Event()
 
     def dispatch() -> None:
         try:
+            dispatcher_pid.append(backend_pid())
+            connected.set()
             results.append(dispatch_api(api_id=api.pk))
         except BaseException as exc:
             errors.append(exc)
         finally:
+            connected.set()
             connection.close()
 
     with transaction.atomic():
         Job.objects.select_for_update().get(pk=job.pk)
         dispatcher = threading.Thread(target=dispatch)
         dispatcher.start()
-        time.sleep(1.0)  # the dispatcher runs up to the job's lock meanwhile
+        assert connected.wait(LOCK_WAIT_TIMEOUT_SECONDS) and dispatcher_pid, errors
+        # the dispatcher is under way: waiting for a lock this transaction holds (the job's)
+        wait_until_blocked(dispatcher_pid[0], backend_pid())
         # when the pause goes on and commits
         try:
             job_pause(job=job)
