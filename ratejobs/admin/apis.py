@@ -19,6 +19,7 @@ from ratejobs.admin.access import ManagerAccess, sees_every_job
 from ratejobs.admin.cells import clipped, clock_column
 from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import ApiAdminForm
+from ratejobs.admin.lookups import ShownFiltersOnly
 from ratejobs.execution.request import MASK
 from ratejobs.limiter import LimiterError, LimiterState
 from ratejobs.limiter.core import MICROS
@@ -260,7 +261,7 @@ def credentials_context(request: HttpRequest, api: Api) -> dict[str, Any]:
 
 
 @admin.register(Api)
-class ApiAdmin(ManagerAccess, admin.ModelAdmin):
+class ApiAdmin(ShownFiltersOnly, ManagerAccess, admin.ModelAdmin):
     form = ApiAdminForm
     change_form_template = "admin/ratejobs/api/change_form.html"
     list_display = (

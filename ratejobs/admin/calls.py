@@ -12,9 +12,11 @@ from django.utils.html import format_html
 
 from ratejobs.admin.access import ReadOnlyStaffAccess, sees_every_job
 from ratejobs.admin.cells import clipped, clock_column
+from ratejobs.admin.lookups import ShownFiltersOnly
 from ratejobs.models import Call, ThrottleEvent
 from ratejobs.selectors.jobs import (
     CALL_LIST_DEFERRED,
+    job_list_for_user,
     moment_text,
     rate_text,
     response_body_text,
@@ -77,8 +79,36 @@ class CallOutcomeFilter(admin.SimpleListFilter):
         return queryset if chosen is None else queryset.filter(chosen[1])
 
 
+class JobFilter(admin.SimpleListFilter):
+    """One job's calls or events, reached from the job's page (?job=<id>). It lists the chosen
+    job only: a choice of every job would be a list as long as the jobs table."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        job_id = self.job_id()
+        if job_id is None:
+            return []
+        # the lists are scoped to the jobs the user sees, and so is the job's name here
+        job = (
+            job_list_for_user(request.user).filter(pk=job_id).values_list("name", flat=True).first()
+        )
+        return [(str(job_id), f"#{job_id} {job}" if job is not None else f"#{job_id}")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() is None:
+            return queryset
+        job_id = self.job_id()
+        return queryset.none() if job_id is None else queryset.filter(job_id=job_id)
+
+    def job_id(self) -> int | None:
+        value = self.value() or ""
+        return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else None
+
+
 @admin.register(Call)
-class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
+class CallAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
     list_display = (
         "call_column",
         "request_column",
@@ -90,7 +120,7 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
         "finished_clock",
     )
     list_display_links = ("call_column",)
-    list_filter = (CallOutcomeFilter, "method", "job__api")
+    list_filter = (CallOutcomeFilter, "method", "job__api", JobFilter)
     search_fields = ("path",)
     list_select_related = ("job",)
     list_per_page = 100
@@ -210,7 +240,7 @@ class CallAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
 
 
 @admin.register(ThrottleEvent)
-class ThrottleEventAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
+class ThrottleEventAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
     list_display = (
         "created_clock",
         "kind",
@@ -221,7 +251,7 @@ class ThrottleEventAdmin(ReadOnlyStaffAccess, admin.ModelAdmin):
         "retry_after_column",
         "rate_change_column",
     )
-    list_filter = ("kind", "api", "created")
+    list_filter = ("kind", "api", "created", JobFilter)
     date_hierarchy = "created"
     list_select_related = ("api", "job")
     list_per_page = 100

@@ -32,6 +32,7 @@ from ratejobs.admin.cells import clock_column
 from ratejobs.admin.charts import job_chart_svg
 from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import JobSubmitForm
+from ratejobs.admin.lookups import ShownFiltersOnly
 from ratejobs.models import Call, Job, ThrottleEvent
 from ratejobs.selectors.job_limiter import job_block_notice, job_chart
 from ratejobs.selectors.jobs import (
@@ -211,7 +212,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(StaffAccess, admin.ModelAdmin):
+class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
     list_display = (
         "name",
         "api",

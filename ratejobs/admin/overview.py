@@ -209,7 +209,7 @@ def job_row(item: JobOverview) -> dict[str, Any]:
 
 
 def _failed_calls_url(job: Job) -> str:
-    query = urlencode({"job__id__exact": job.pk, "status__exact": "failed"})
+    query = urlencode({"job": job.pk, "outcome": "failed"})
     return f"{reverse('admin:ratejobs_call_changelist')}?{query}"
 
 

@@ -14,13 +14,14 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from ratejobs.admin.access import is_staff
+from ratejobs.admin.lookups import ShownFiltersOnly
 from ratejobs.models import SigningKey
 from ratejobs.selectors.signing_keys import signing_key_for
 from ratejobs.services.callbacks import signing_key_rotate
 
 
 @admin.register(SigningKey)
-class SigningKeyAdmin(admin.ModelAdmin):
+class SigningKeyAdmin(ShownFiltersOnly, admin.ModelAdmin):
     """One page (the list, which leads to the rotation): a key is only ever its owner's."""
 
     def has_module_permission(self, request: HttpRequest) -> bool:

@@ -86,6 +86,13 @@ def api_rate_history(api: Api, *, since: datetime) -> list[RateSample]:
         return []
 
 
+NOT_CONFIGURED_YET = LimiterReading(
+    state=None,
+    error="limiter not in Redis yet: the workers configure it from the database at their "
+    "first call",
+)
+
+
 def api_limiter_readings(apis: Iterable[Api]) -> dict[int, LimiterReading]:
     """Each API's limiter state by API id, never raising: a listing of APIs stays useful while
     Redis is down. After one LimiterUnavailable the rest are not tried (they share one Redis,
@@ -97,7 +104,7 @@ def api_limiter_readings(apis: Iterable[Api]) -> dict[int, LimiterReading]:
             readings[api.pk] = unavailable
             continue
         try:
-            readings[api.pk] = LimiterReading(state=api_limiter_state(api))
+            state = api_limiter_state(api)
         except LimiterUnavailable:
             unavailable = readings[api.pk] = LimiterReading(
                 state=None, error="limiter state unavailable: Redis cannot be reached"
@@ -105,6 +112,12 @@ def api_limiter_readings(apis: Iterable[Api]) -> dict[int, LimiterReading]:
         except LimiterError as exc:
             readings[api.pk] = LimiterReading(
                 state=None, error=f"limiter state unavailable: {type(exc).__name__}"
+            )
+        else:
+            # an API made while Redis was down (or whose keys were flushed) has no limiter yet:
+            # its state is all zeros, no period to divide by
+            readings[api.pk] = (
+                LimiterReading(state=state) if state.configured else NOT_CONFIGURED_YET
             )
     return readings
 

@@ -104,7 +104,8 @@ class BlockNotice:
 def block_reason_text(event: ThrottleEvent | None, *, job: Job | None = None) -> str:
     """Why an API was blocked, from the event that blocked it: "manual block by an operator",
     "Retry-After 5.0 s from a 429 on call 17" (the call's index in its job; "of job 12" when
-    it is not `job`)."""
+    it is another job of `job`'s owner, "of another user's job" when it is not theirs: its id
+    would tell them which jobs exist)."""
     if event is None:
         return "reason not recorded"
     if event.kind == ThrottleEvent.Kind.BLOCKED:
@@ -114,7 +115,8 @@ def block_reason_text(event: ThrottleEvent | None, *, job: Job | None = None) ->
     if index is not None:
         call = f" on call {index}"
         if job is None or event.job_id != job.pk:
-            call += f" of job {event.job_id}"
+            same_owner = job is not None and getattr(event, "job_owner_id", None) == job.owner_id
+            call += f" of job {event.job_id}" if same_owner else " of another user's job"
     wait = seconds_text(event.retry_after) if event.retry_after else "a pause"
     if event.kind == ThrottleEvent.Kind.QUOTA_EXHAUSTED:
         return f"quota used up (rate limit headers){call}: blocked {wait}"
@@ -126,7 +128,7 @@ def blocking_events(api_id: int) -> QuerySet[ThrottleEvent]:
     return (
         ThrottleEvent.objects.filter(api_id=api_id, kind__in=BLOCKING_KINDS)
         .exclude(retry_after__isnull=True)
-        .annotate(call_index=F("call__index"))
+        .annotate(call_index=F("call__index"), job_owner_id=F("job__owner_id"))
         .order_by("-created", "-pk")
     )
 
@@ -164,7 +166,7 @@ def blocks_holding_until(ends: dict[int, datetime]) -> dict[int, ThrottleEvent |
     recent = (
         ThrottleEvent.objects.filter(api_id__in=ends, kind__in=BLOCKING_KINDS)
         .exclude(retry_after__isnull=True)
-        .annotate(call_index=F("call__index"), newest=newest_first)
+        .annotate(call_index=F("call__index"), job_owner_id=F("job__owner_id"), newest=newest_first)
         .filter(newest__lte=RECENT_BLOCKS)
     )
     by_api: dict[int, list[ThrottleEvent]] = {api_id: [] for api_id in ends}

@@ -145,3 +145,23 @@ def test_the_api_page_tells_each_429_in_one_row_with_the_rate_cut_it_caused(
     # expect: one row, in words, with units; no separate "rate decreased" row
     assert "429 received · Retry-After 1.0 s · rate 10.0/s → 7.0/s" in html
     assert "rate decreased" not in html
+
+
+def test_an_api_whose_limiter_is_not_in_redis_yet_is_shown_not_a_500(
+    root_client, make_api, redis_client
+):
+    # given: an API made while Redis was down (its on-commit configure never ran), or whose
+    # keys were flushed: nothing of its limiter in Redis
+    api = make_api()
+    redis_client.delete(*api_limiter(api).keys)
+    pages = [
+        reverse("admin:ratejobs_api_changelist"),
+        reverse("admin:ratejobs_api_change", args=[api.pk]),
+        reverse("ratejobs_overview"),
+        reverse("ratejobs_overview_data"),
+    ]
+    for url in pages:
+        page = root_client.get(url)
+        assert page.status_code == 200, url
+    change = root_client.get(pages[1]).content.decode()
+    assert "limiter not in Redis yet" in change

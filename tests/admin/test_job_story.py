@@ -4,6 +4,7 @@ blocks. Real database and Redis; the limiter is the API's own, blocked through t
 
 from __future__ import annotations
 
+import html
 import re
 import time
 from datetime import timedelta
@@ -323,3 +324,40 @@ def test_the_chart_follows_the_limiters_own_rate_samples(root_client, make_api, 
     svg = progress(root_client, job, chart=1)["chart"]
     assert 'class="rj-rate"' in svg
     assert re.search(r"<title>adaptive rate: [\d.]+/s at \d\d:\d\d:\d\d</title>", svg)
+
+
+def test_a_block_by_another_users_job_does_not_name_that_job(
+    admin_client_for, user, other_user, make_job
+):
+    # given: a staff member's running job, and a 429 on a call of another user's job on the
+    # same API, which blocks it (issue 21, finding 6: the banner said "of job 36")
+    user.is_staff = True
+    user.save()
+    job = set_counts(make_job(calls=3), status="running", started=timezone.now())
+    theirs = make_job(calls=5, owner=other_user)
+    own_other = make_job(calls=5)
+    api_limiter(job.api).block(5)
+    ThrottleEvent.objects.create(
+        api=job.api, job=theirs, call=theirs.calls.get(index=4), kind="throttled",
+        status_code=429, retry_after=5.0,
+    )  # fmt: skip
+    client = admin_client_for(user)
+    assert client.get(page_url(theirs)).status_code != 200  # not theirs to see
+    data = progress(client, job, chart=1)
+    # expect: the banner and the chart's block say "another user's job", never its id
+    assert data["blocked"]["reason"] == (
+        "Retry-After 5.0 s from a 429 on call 4 of another user's job"
+    )
+    page = client.get(page_url(job)).content.decode()
+    for text in (data["blocked"]["text"], data["chart"], page):
+        assert f"job {theirs.pk}" not in text
+        assert "of another user's job" in html.unescape(text)
+    # and a 429 on another job of the same owner names it, as they may open it
+    api_limiter(job.api).block(30)
+    ThrottleEvent.objects.create(
+        api=job.api, job=own_other, call=own_other.calls.get(index=2), kind="throttled",
+        status_code=429, retry_after=30.0,
+    )  # fmt: skip
+    assert progress(client, job)["blocked"]["reason"] == (
+        f"Retry-After 30 s from a 429 on call 2 of job {own_other.pk}"
+    )

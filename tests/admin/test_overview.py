@@ -141,7 +141,7 @@ def test_failed_and_stuck_calls_need_attention(root_client, make_job):
     assert "workers" in kinds(payload)  # a running job and no worker ever seen
     [failures] = [item for item in payload["attention"] if item["kind"] == "failures"]
     assert "nightly" in failures["text"] and "2 failed calls" in failures["text"]
-    assert f"job__id__exact={job.pk}&amp;status__exact=failed" in payload["html"]["attention"]
+    assert f"job={job.pk}&amp;outcome=failed" in payload["html"]["attention"]
     [stuck] = [item for item in payload["attention"] if item["kind"] == "stuck"]
     assert stuck["text"].startswith(f"{job.api.name}: 1 call running past their claim")
     assert "workers' sweep" in stuck["text"]  # text as read, not HTML
