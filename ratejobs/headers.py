@@ -37,6 +37,13 @@ SHOPIFY_LEAK_PER_SECOND = 2.0
 # or at most an hour of quota left unused, where a day's block could waste most of a day.
 UNKNOWN_RESET_PROBE_SECONDS = 60 * 60.0
 DAY_SECONDS = 24 * 60 * 60.0
+# The longest run of digits read as a number: 20 digits hold any 64-bit count, and an epoch in
+# microseconds takes 16. A longer run is no count an API keeps but garbage or an attack, ignored
+# like any other garbage: read, it would overflow a float or make int() raise (Python refuses
+# more than 4300 digits), and fail the call whose response carried it.
+MAX_DIGITS = 20
+# A run of at most MAX_DIGITS digits that is not the start of a longer one.
+_DIGITS = rf"[0-9]{{1,{MAX_DIGITS}}}(?![0-9])"
 
 Source = Literal[
     "ratelimit",  # IETF draft-08 and later: RateLimit: "name";r=..;t=.. (+ RateLimit-Policy)
@@ -318,7 +325,7 @@ def _dimension_hints(
     return hints
 
 
-_USED_OF = re.compile(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*", re.ASCII)
+_USED_OF = re.compile(rf"\s*({_DIGITS})\s*/\s*({_DIGITS})\s*", re.ASCII)
 
 
 def _shopify_hints(fields: dict[str, str]) -> list[QuotaHint]:
@@ -372,7 +379,7 @@ def _hubspot_hints(fields: dict[str, str]) -> list[QuotaHint]:
 
 # api-usage=25/15000; per-app-api-usage=17/250(appName=sample-connected-app)
 _SALESFORCE_USAGE = re.compile(
-    r"(?:^|[;,])\s*(api-usage|per-app-api-usage)\s*=\s*([0-9]+)\s*/\s*([0-9]+)", re.ASCII
+    rf"(?:^|[;,])\s*(api-usage|per-app-api-usage)\s*=\s*({_DIGITS})\s*/\s*({_DIGITS})", re.ASCII
 )
 
 
@@ -409,7 +416,7 @@ def _window_for(limit: int | None, policies: Iterable[_Member]) -> float | None:
 
 # --- Plain header values ---------------------------------------------------------------------
 
-_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?", re.ASCII)
+_NUMBER = re.compile(rf"-?{_DIGITS}(?:\.{_DIGITS})?", re.ASCII)
 
 
 def _number(value: str | None) -> float | None:
@@ -454,8 +461,8 @@ def _reset(value: str | None, *, now: float, server_now: float | None) -> float 
 
 
 # Go's time.Duration as OpenAI prints it: "6m0s", "1m12.5s", "20ms", "1h2m3s", "0s".
-_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:h|ms|m|s|us|µs|μs|ns))+")
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|m|s|us|µs|μs|ns)")
+_DURATION_PART = re.compile(rf"({_DIGITS}(?:\.{_DIGITS})?)(h|ms|m|s|us|µs|μs|ns)")
+_DURATION = re.compile(rf"(?:{_DURATION_PART.pattern})+")
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6,
                    "μs": 1e-6, "ns": 1e-9}  # fmt: skip
 

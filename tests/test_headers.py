@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import io
+import math
 from http.client import parse_headers
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ratejobs.execution.cost import cost_from_response
 from ratejobs.headers import (
     MAX_DELAY_SECONDS,
+    MAX_DIGITS,
     UNKNOWN_RESET_PROBE_SECONDS,
     QuotaHint,
+    Source,
     parse_quota,
     parse_retry_after,
     throttle_delay,
 )
+from ratejobs.limiter.config import MAX_COST
 
 # Our clock in every test: Tue, 14 Nov 2023 22:13:20 GMT.
 NOW = 1_700_000_000.0
@@ -921,3 +928,188 @@ def test_salesforce_spent_day_asks_again_after_an_hour(value):
 @pytest.mark.parametrize("value", ["api-usage=25", "api-usage=a/b", "usage=1/2", ""])
 def test_salesforce_malformed_usage_is_ignored(value):
     assert parse_quota({"Sforce-Limit-Info": value}, now=NOW) is None
+
+
+# --- Hostile values: a header the parser cannot use is ignored, never an error (issue 21) -----
+
+# Past int()'s limit of 4300 digits: int() of it raises, float() of it is inf.
+HUGE = "9" * 5000
+
+
+def _spent(source: Source, policy: str | None = None) -> QuotaHint:
+    """A spent quota that says nothing usable about its limit or reset."""
+    return QuotaHint(
+        limit=None, remaining=0, reset_after=None, window=None, source=source, policy=policy
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"Sforce-Limit-Info": f"api-usage={HUGE}/5"}, None),
+        ({"Sforce-Limit-Info": f"api-usage=5/{HUGE}"}, None),
+        ({"Sforce-Limit-Info": f"api-usage=1/{'9' * 400}"}, None),  # a float cannot hold it
+        ({"X-Shopify-Shop-Api-Call-Limit": f"{HUGE}/40"}, None),
+        ({"X-Shopify-Shop-Api-Call-Limit": f"{'9' * 400}/40"}, None),
+        ({"X-RateLimit-Remaining": "1" * (MAX_DIGITS + 1)}, None),
+        ({"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": HUGE}, _spent("x-ratelimit")),
+        (
+            {"x-ratelimit-remaining-tokens": "0", "x-ratelimit-reset-tokens": f"{HUGE}s"},
+            _spent("openai", "tokens"),
+        ),
+        (
+            {"X-HubSpot-RateLimit-Interval-Milliseconds": HUGE, "X-HubSpot-RateLimit-Max": HUGE,
+             "X-HubSpot-RateLimit-Remaining": "0"},
+            _spent("hubspot", "interval"),
+        ),
+    ],
+)  # fmt: skip
+def test_a_number_longer_than_any_count_is_ignored(headers, expected):
+    assert parse_quota(headers, now=NOW) == expected
+    assert throttle_delay(200, headers, now=NOW) is None
+
+
+@pytest.mark.parametrize(
+    "unusable",
+    [
+        {"X-Shopify-Shop-Api-Call-Limit": f"{HUGE}/40"},
+        {"Sforce-Limit-Info": f"api-usage={HUGE}/5"},
+        {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1e999"},
+    ],
+)
+def test_a_429_with_an_unusable_header_still_waits_for_retry_after(unusable):
+    assert throttle_delay(429, {**unusable, "Retry-After": "7"}, now=NOW) == 7.0
+    assert throttle_delay(429, unusable, now=NOW) is None  # the caller's default backoff
+
+
+@pytest.mark.parametrize("value", [HUGE, "1" * (MAX_DIGITS + 1), f"1.{HUGE}", f"-{HUGE}"])
+def test_retry_after_longer_than_any_count_is_ignored(value):
+    assert parse_retry_after(value, now=NOW) is None
+
+
+def test_the_longest_counts_read_are_read():
+    # given: counts of MAX_DIGITS digits, the longest read
+    longest = "1" * MAX_DIGITS
+    headers = {"X-Shopify-Shop-Api-Call-Limit": f"{longest}/{longest}"}
+    assert parse_quota(headers, now=NOW).limit == int(longest)
+    assert parse_retry_after(longest, now=NOW) == MAX_DELAY_SECONDS
+
+
+# Each dialect's fields with the shapes its values take ({} a number), as a server would send
+# them all at once.
+_HTTP_DATES = ["Tue, 14 Nov {} 22:13:20 GMT", "Tue, {} Nov 2023 {}:13:20 +{}"]
+_ISO_DATES = ["{}-11-14T22:13:20Z", "2023-11-14T22:13:20.{}+{}:00"]
+_RESETS = ["{}", *_ISO_DATES, *_HTTP_DATES]
+DIALECTS: dict[str, dict[str, list[str]]] = {
+    "retry-after": {"Retry-After": ["{}", *_HTTP_DATES], "Date": _HTTP_DATES},
+    "ratelimit": {
+        "RateLimit": ['"p";r={};t={}', "limit={}, remaining={}, reset={}"],
+        "RateLimit-Policy": ['"p";q={};w={}', "{};w={}"],
+        "Date": _HTTP_DATES,
+    },
+    "ratelimit-fields": {
+        "RateLimit-Limit": ["{}", "{}, {};w={}"],
+        "RateLimit-Remaining": ["{}"],
+        "RateLimit-Reset": _RESETS,
+    },
+    "x-ratelimit": {
+        "X-RateLimit-Limit": ["{}"],
+        "X-RateLimit-Remaining": ["{}"],
+        "X-RateLimit-Reset": _RESETS,
+        "Date": _HTTP_DATES,
+    },
+    "x-rate-limit": {
+        "X-Rate-Limit-Limit": ["{}"],
+        "X-Rate-Limit-Remaining": ["{}"],
+        "X-Rate-Limit-Reset": _RESETS,
+    },
+    "discord": {
+        "X-RateLimit-Remaining": ["{}"],
+        "X-RateLimit-Reset-After": ["{}"],
+        "X-RateLimit-Global": ["true"],
+        "X-RateLimit-Scope": ["user", "shared"],
+        "Retry-After": ["{}"],
+    },
+    "openai": {
+        "x-ratelimit-limit-tokens": ["{}"],
+        "x-ratelimit-remaining-tokens": ["{}"],
+        "x-ratelimit-reset-tokens": ["{}h{}m{}s", "{}ms", "{}"],
+    },
+    "anthropic": {
+        "anthropic-ratelimit-tokens-limit": ["{}"],
+        "anthropic-ratelimit-tokens-remaining": ["{}"],
+        "anthropic-ratelimit-tokens-reset": _ISO_DATES,
+        "Date": _HTTP_DATES,
+    },
+    "shopify": {"X-Shopify-Shop-Api-Call-Limit": ["{}/{}"], "Retry-After": ["{}"]},
+    "hubspot": {
+        "X-HubSpot-RateLimit-Interval-Milliseconds": ["{}"],
+        "X-HubSpot-RateLimit-Max": ["{}"],
+        "X-HubSpot-RateLimit-Remaining": ["{}"],
+        "X-HubSpot-RateLimit-Daily": ["{}"],
+        "X-HubSpot-RateLimit-Daily-Remaining": ["{}"],
+        "X-HubSpot-RateLimit-Secondly-Remaining": ["{}"],
+    },
+    "salesforce": {
+        "Sforce-Limit-Info": ["api-usage={}/{}", "api-usage={}/{}; per-app-api-usage={}/{}(a=b)"],
+        "Retry-After": ["{}"],
+    },
+}
+# Runs of digits around the lengths that matter: a 64-bit count's 20, a float's 309, int()'s
+# limit of 4300.
+_DIGITS = st.one_of(
+    st.integers(0, 10**25).map(str),
+    st.builds(str.__mul__, st.sampled_from("19"), st.sampled_from([21, 309, 400, 4300, 4301])),
+)
+_NUMBERS = st.one_of(
+    _DIGITS,
+    _DIGITS,  # twice as likely as any of the rest
+    st.builds("-{}".format, _DIGITS),
+    st.builds("{}.{}".format, _DIGITS, _DIGITS),
+    # float() reads all of these; int() reads the last (Arabic-Indic digits)
+    st.sampled_from(["inf", "-inf", "nan", "NaN", "1e999", "-1e999", "1e-999", "1_0", "٣"]),
+)
+
+
+@st.composite
+def header_value(draw: st.DrawFn, shapes: list[str]) -> str:
+    """One of the field's shapes with numbers of any length and kind in it, or any text."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.text(st.characters(max_codepoint=0x6FF), max_size=80))
+    shape = draw(st.sampled_from(shapes))
+    return shape.format(*(draw(_NUMBERS) for _ in range(shape.count("{}"))))
+
+
+def _usable_seconds(value: float | None) -> bool:
+    return value is None or 0 <= value <= MAX_DELAY_SECONDS
+
+
+def _usable_count(value: int | None) -> bool:
+    # a count any arithmetic on it can take: a whole number >= 0 that fits in a float
+    return value is None or (isinstance(value, int) and value >= 0 and math.isfinite(float(value)))
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_no_header_value_of_any_dialect_raises_or_gives_an_unusable_number(dialect, data):
+    headers = {
+        name: data.draw(header_value(shapes), label=name)
+        for name, shapes in DIALECTS[dialect].items()
+    }
+    hint = parse_quota(headers, now=NOW)
+    if hint is not None:
+        assert _usable_count(hint.limit) and _usable_count(hint.remaining)
+        assert _usable_seconds(hint.reset_after)
+        assert hint.window is None or (math.isfinite(hint.window) and hint.window >= 0)
+    for status in (200, 403, 429, 503):
+        assert _usable_seconds(throttle_delay(status, headers, now=NOW))
+    for value in headers.values():
+        assert _usable_seconds(parse_retry_after(value, now=NOW))
+        # the cost reader, from a header and from a number in a JSON body
+        body = b'{"usage": {"tokens": %s}}' % value.encode()
+        for cost_headers in ({"X-Cost": value}, {}):
+            cost = cost_from_response(
+                cost_headers, body, header="X-Cost", json_field="usage.tokens"
+            )
+            assert cost is None or 0 <= cost <= MAX_COST

@@ -40,11 +40,19 @@ class Seen:
     client_port: int
 
 
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
 @dataclass
 class TestServer:
     port: int
     seen: list[Seen] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    answers: dict[str, Answer] = field(default_factory=dict)
 
     def url(self, path: str, host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}{path}"
@@ -52,6 +60,13 @@ class TestServer:
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def answer(self, marker: str, status: int, headers: dict[str, str], body: bytes = b"") -> str:
+        """Have /answer/<marker> reply with this (until told otherwise); returns that path.
+        For headers no query string could carry, or a path could not hold."""
+        with self.lock:
+            self.answers[marker] = Answer(status, headers, body)
+        return f"/answer/{marker}"
 
     def requests_with(self, marker: str) -> list[Seen]:
         """The requests whose path contains `marker` (tests share the server, not markers)."""
@@ -109,6 +124,14 @@ class _Handler(BaseHTTPRequestHandler):
             headers["X-RateLimit-Remaining"] = params["remaining"]
             headers["X-RateLimit-Reset"] = params.get("reset", "30")
         self._reply(int(rest[0]), f"status {rest[0]}".encode(), headers)
+
+    def route_answer(self, rest: list[str], params: dict[str, str], seen: Seen) -> None:
+        with self.server.state.lock:
+            answer = self.server.state.answers.get(rest[0])
+        if answer is None:
+            self._reply(404, b"no answer for this marker")
+        else:
+            self._reply(answer.status, answer.body, answer.headers)
 
     def route_redirect(self, rest: list[str], params: dict[str, str], seen: Seen) -> None:
         self._reply(int(params.get("code", "302")), b"", {"Location": params["to"]})
