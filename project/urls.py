@@ -5,7 +5,12 @@ from django.urls import include, path
 
 from ratejobs.admin.overview import overview_data_view, overview_view
 from ratejobs.health import health_view
+from ratejobs.login_throttle import ThrottledAdminAuthenticationForm
 from ratejobs.metrics import metrics_view
+
+# The admin's sign-in page says how long a locked username or address must wait; the refusal
+# itself is the authentication backend's (settings AUTHENTICATION_BACKENDS), for every way in.
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
     # The overview is no model's page: routed ahead of the admin's own, behind its login.

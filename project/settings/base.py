@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 from kombu import Queue
 
+from ratejobs.execution.backoff import backoff_ceiling
 from ratejobs.execution.outbound import OutboundPolicy
 from ratejobs.logs import logging_config
 from ratejobs.namespace import check_namespace, namespace_for_database
@@ -183,6 +185,10 @@ RATEJOBS_MAX_RESPONSE_BYTES = env.int("RATEJOBS_MAX_RESPONSE_BYTES", default=102
 RATEJOBS_OUTBOUND_ALLOW = env.list("RATEJOBS_OUTBOUND_ALLOW", default=[])
 # A bad entry stops every process as it starts, not a worker at its first call.
 OutboundPolicy.from_allow_list(RATEJOBS_OUTBOUND_ALLOW)
+# Job callbacks go to public addresses only, plus these (the same syntax); the list above does
+# not apply to them: any user may set a callback_url, only managers configure APIs.
+RATEJOBS_CALLBACK_ALLOW = env.list("RATEJOBS_CALLBACK_ALLOW", default=[])
+OutboundPolicy.from_allow_list(RATEJOBS_CALLBACK_ALLOW, setting="RATEJOBS_CALLBACK_ALLOW")
 # The broker holds at most this many seconds of an API's work (at its rate), so a job of a
 # million calls never floods it; bounded below so every worker has something to take.
 RATEJOBS_DISPATCH_WINDOW_SECONDS = env.float("RATEJOBS_DISPATCH_WINDOW_SECONDS", default=2.0)
@@ -213,13 +219,26 @@ RATEJOBS_RECONCILE_INTERVAL = env.float("RATEJOBS_RECONCILE_INTERVAL", default=3
 RATEJOBS_STALE_DISPATCH_SECONDS = env.float("RATEJOBS_STALE_DISPATCH_SECONDS", default=120.0)
 # Job callbacks (services.callbacks): attempts of one delivery, and the backoff between them
 # (equal jitter: half of min(cap, base * 2**n) plus up to as much again). The defaults spread 8
-# attempts over about 23 to 46 minutes; the cap stays under the broker's visibility timeout,
-# since each retry waits in the broker as a countdown.
+# attempts over about 23 to 46 minutes. A wait longer than half the broker's visibility timeout
+# goes to the broker in steps (a longer countdown would run the task twice).
 RATEJOBS_CALLBACK_MAX_ATTEMPTS = env.int("RATEJOBS_CALLBACK_MAX_ATTEMPTS", default=8)
 RATEJOBS_CALLBACK_BACKOFF_BASE = env.float("RATEJOBS_CALLBACK_BACKOFF_BASE", default=30.0)
 RATEJOBS_CALLBACK_BACKOFF_CAP = env.float("RATEJOBS_CALLBACK_BACKOFF_CAP", default=900.0)
 # Seconds one attempt may take in all (connect, send, the receiver's answer).
 RATEJOBS_CALLBACK_TIMEOUT = env.float("RATEJOBS_CALLBACK_TIMEOUT", default=10.0)
+# Seconds after the job finished by which a delivery's next attempt must be due: a receiver's
+# Retry-After is honoured up to it (past the backoff cap), and a retry due later fails the
+# delivery with that reason. By default the longest the backoff waits over all the attempts,
+# plus for each attempt its timeout and a minute of queues and the reconciler's pick-up
+# (3,290 s, about 55 min, with the defaults), so the backoff alone never reaches it.
+RATEJOBS_CALLBACK_DEADLINE_SECONDS = env.float(
+    "RATEJOBS_CALLBACK_DEADLINE_SECONDS",
+    default=sum(
+        backoff_ceiling(n, base=RATEJOBS_CALLBACK_BACKOFF_BASE, cap=RATEJOBS_CALLBACK_BACKOFF_CAP)
+        for n in range(RATEJOBS_CALLBACK_MAX_ATTEMPTS - 1)
+    )
+    + RATEJOBS_CALLBACK_MAX_ATTEMPTS * (RATEJOBS_CALLBACK_TIMEOUT + 60.0),
+)
 
 # Days throttle events, and the response bodies and headers stored on calls of finished jobs,
 # are kept; 0 keeps them for ever. Beat removes older ones in batches (services.retention).
@@ -253,7 +272,8 @@ RATEJOBS_METRICS_PUBLIC = env.bool("RATEJOBS_METRICS_PUBLIC", default=False)
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: an anonymous request is then told 401 with `WWW-Authenticate: Token`.
-        "rest_framework.authentication.TokenAuthentication",
+        # DRF's, with bad tokens throttled per address (see "Sign-in throttle" below).
+        "ratejobs.api.authentication.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -315,6 +335,12 @@ RATEJOBS_MAX_ACTIVE_JOBS_PER_USER = env.int("RATEJOBS_MAX_ACTIVE_JOBS_PER_USER",
 RATEJOBS_MAX_PENDING_CALLS_PER_USER = env.int(
     "RATEJOBS_MAX_PENDING_CALLS_PER_USER", default=2_000_000
 )
+# The admin's submit page keeps the file of a refused try for the next one (an hour, one per
+# user, in the database): files up to this size, and up to this much for everyone at once.
+RATEJOBS_KEPT_UPLOAD_MAX_BYTES = env.int("RATEJOBS_KEPT_UPLOAD_MAX_BYTES", default=16 * 1024 * 1024)
+RATEJOBS_KEPT_UPLOADS_MAX_TOTAL_BYTES = env.int(
+    "RATEJOBS_KEPT_UPLOADS_MAX_TOTAL_BYTES", default=256 * 1024 * 1024
+)
 # A page of calls carries response bodies (up to RATEJOBS_MAX_RESPONSE_BYTES each) up to this
 # many bytes in all; the rest come with response_body_omitted, one call at a time.
 RATEJOBS_MAX_PAGE_BYTES = env.int("RATEJOBS_MAX_PAGE_BYTES", default=8 * 1024 * 1024)
@@ -326,5 +352,29 @@ CACHES = {
         "BACKEND": "django.core.cache.backends.redis.RedisCache",
         "LOCATION": RATEJOBS_CACHE_URL,
         "KEY_PREFIX": f"ratejobs:{RATEJOBS_NAMESPACE}:cache",
+        # A Redis that stops answering (rather than refusing) must not hang sign-ins and job
+        # submissions: their throttles give up on the cache after this and go on uncounted.
+        "OPTIONS": {"socket_connect_timeout": 1.0, "socket_timeout": 2.0},
     }
 }
+
+# --- Sign-in throttle (ratejobs/login_throttle.py) ----------------------------------------
+# Wrong passwords (the admin's sign-in page, any authenticate() call) are counted per username
+# tried and per client address, bad REST tokens per address, in the shared cache above, over a
+# window of RATEJOBS_LOGIN_LOCKOUT_SECONDS from the first failure. A username or address with
+# its limit of failures is locked until that window ends: signing in is refused, even with the
+# right password or token (the page says how long to wait; the REST API answers 429 with
+# Retry-After). Right passwords and tokens are not counted. 0 turns a limit off. The address
+# limit is the higher: it stops one address trying a few passwords on each of many usernames,
+# and still lets the people behind one office's address mistype theirs.
+RATEJOBS_LOGIN_FAILURES_PER_ACCOUNT = env.int("RATEJOBS_LOGIN_FAILURES_PER_ACCOUNT", default=10)
+RATEJOBS_LOGIN_FAILURES_PER_ADDRESS = env.int("RATEJOBS_LOGIN_FAILURES_PER_ADDRESS", default=50)
+RATEJOBS_LOGIN_LOCKOUT_SECONDS = env.int("RATEJOBS_LOGIN_LOCKOUT_SECONDS", default=15 * 60)
+if RATEJOBS_LOGIN_LOCKOUT_SECONDS < 1:
+    raise ImproperlyConfigured("RATEJOBS_LOGIN_LOCKOUT_SECONDS must be at least 1")
+# The client's address is REMOTE_ADDR, unless this many proxies in front of the web server
+# each append the address they saw to X-Forwarded-For: then the one the outermost appended.
+# 0 trusts no X-Forwarded-For (anyone can send one). Behind a proxy with 0, every client has
+# the proxy's address and shares one address count.
+RATEJOBS_TRUSTED_PROXY_COUNT = env.int("RATEJOBS_TRUSTED_PROXY_COUNT", default=0)
+AUTHENTICATION_BACKENDS = ["ratejobs.login_throttle.ThrottledModelBackend"]

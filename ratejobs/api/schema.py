@@ -47,6 +47,10 @@ def _implied_errors(method: str, operation: dict[str, Any]) -> dict[str, str]:
         errors["400"] = "invalid input: the errors by field"
     if signed_in:
         errors["401"] = "not signed in: no token or session, or a token that is not valid"
+        errors["429"] = (
+            "too many bad tokens from your address (RATEJOBS_LOGIN_FAILURES_PER_ADDRESS): "
+            "Retry-After says when to try again"
+        )
     if signed_in and method in _UNSAFE_METHODS:
         errors["403"] = "not allowed for your role, or a session sign-in without its CSRF token"
     if "path" in places or "page" in names:
