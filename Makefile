@@ -15,8 +15,11 @@ venv:
 		$(PY) -m pip install --disable-pip-version-check -r requirements.txt && \
 		cp requirements.txt $(STAMP); }
 
+# Two processes (pytest-xdist), a test file each at a time: the suite waits on real servers
+# and workers as much as it computes, and each process has its own test database and Redis
+# namespace (tests/before_settings.py). PYTEST_ARGS="-n 0" runs it in one.
 test: venv
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
 
 # Everything on one machine until Ctrl-C: Redis (found or private), the sandbox API, web on
 # WEB_HOST:WEB_PORT (127.0.0.1:8000; WEB_HOST=0.0.0.0 opens it to the network), two workers, beat, Flower on FLOWER_PORT (5555).

@@ -523,4 +523,3 @@ class KeptUpload(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} kept for {self.user}"
-

@@ -1,6 +1,6 @@
 """Fixtures shared by every test: a Redis that answers, a client for it, a unique name per test.
 
-The Redis is found or started before Django reads its settings (tests/private_redis.py). The
+The Redis is found or started before Django reads its settings (tests/before_settings.py). The
 database needs nothing here: settings read DATABASE_URL (PostgreSQL in CI) and fall back to
 SQLite. Tests marked `postgresql` (races between transactions, the database's clock) mean
 nothing on SQLite, which has one writer, and skip there; with CI=true a skip is a failure
@@ -25,8 +25,8 @@ from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services import apis as api_services
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
+from tests.before_settings import redis_server
 from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
-from tests.private_redis import redis_server
 from tests.realparts import (  # noqa: F401 (fixtures)
     module_worker,
     sandbox,
@@ -88,7 +88,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture(scope="session")
 def redis_url(pytestconfig: pytest.Config) -> str:
     """The run's Redis: REDIS_URL if one answered there, else a private redis-server that the
-    settings and every subprocess already follow (tests/private_redis.py)."""
+    settings and every subprocess already follow (tests/before_settings.py)."""
     return redis_server(pytestconfig).url
 
 

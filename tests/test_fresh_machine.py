@@ -1,5 +1,5 @@
 """`make test` on a fresh machine: nothing answers at REDIS_URL, so the run starts a private
-Redis before Django reads its settings (tests/private_redis.py), and every setting that names
+Redis before Django reads its settings (tests/before_settings.py), and every setting that names
 a Redis follows it."""
 
 from __future__ import annotations
