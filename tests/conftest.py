@@ -45,6 +45,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "postgresql: a race or clock test that means something only on PostgreSQL"
     )
+    config.addinivalue_line(
+        "markers",
+        "paced: measures a pace against the wall clock; make test runs these in a pass of their "
+        "own, with no other test process beside them",
+    )
     _flush_again_after_a_deadlock()
 
 

@@ -145,6 +145,7 @@ def test_pause_and_cancel_stop_calls_that_have_not_started(
     assert not Call.objects.filter(job=job, status__in=["pending", "running"]).exists()
 
 
+@pytest.mark.paced
 def test_adaptive_rate_finds_a_real_limit_half_the_configured_one(
     owner, sandbox, shared_worker, unique_name
 ):

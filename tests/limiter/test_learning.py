@@ -19,6 +19,8 @@ THREADS = 4
 # down, each blocking everyone for the 1 s Retry-After) is over well before call 300.
 STEADY_FROM = CALLS // 2
 
+pytestmark = pytest.mark.paced
+
 
 def test_adaptive_rate_learns_the_real_limit_and_holds_just_under_it(
     make_limiter, redis_client, sandbox

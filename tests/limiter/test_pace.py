@@ -18,6 +18,7 @@ PROCESSES = 8
 BATCH_TAKER_FLOOR = 0.75
 
 
+@pytest.mark.paced
 @pytest.mark.parametrize(
     "taker",
     [take_grants, take_grants_in_batches],

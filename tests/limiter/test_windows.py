@@ -17,6 +17,7 @@ from tests.limiter.workers import take_grants, take_grants_in_batches
 PROCESSES = 4
 
 
+@pytest.mark.paced
 @pytest.mark.parametrize("taker", [take_grants, take_grants_in_batches], ids=["single", "batch"])
 def test_grants_fit_every_window_across_processes(make_limiter, redis_url, spawn, taker):
     # given 200/s with a burst of 10, and 40 per 0.5 s with a burst of 8: the second binds
@@ -65,6 +66,7 @@ def _run_with_settles(limiter, jobs: list[tuple[int, int]], threads: int) -> lis
 MAX_GAP = 0.1
 
 
+@pytest.mark.paced
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_cost_window_holds_when_estimates_are_upper_bounds(make_limiter, seed):
     # given 2000 tokens/s with a burst of 100 and 4 callers whose estimates (max_tokens) are at

@@ -6,6 +6,7 @@ import threading
 import time
 from collections import Counter
 
+import pytest
 import requests
 
 from ratejobs.headers import parse_quota
@@ -25,6 +26,7 @@ def send_paced(url: str, per_second: float, seconds: float, statuses: Counter) -
             time.sleep(max(0.0, next_send - time.monotonic()))
 
 
+@pytest.mark.paced
 def test_limit_holds_when_clients_send_three_times_too_fast(make_sandbox):
     # given 20/s burst 3, and 3 threads each sending 20/s for 1.5 s
     rate, burst, seconds = 20, 3, 1.5
