@@ -58,9 +58,27 @@ class ReferenceLimiter:
     learn_base_gen: int | None = None  # generation of the base interval's grants
     learn_base_late: int = 0  # its grants reported 429 after its throttle
 
+    def _learning_now(self, now: float) -> float:
+        """`now` while sending; once nothing was granted for a whole period, the moment that
+        became so: the learning rate stands still while the API is idle."""
+        idle_at = self.offset(self.granted_tat, now) + self.config.period * 1_000_000
+        return now + min(0, idle_at)
+
     def _since(self, now: float) -> float:
-        """Seconds since the learning phase started (0 before it)."""
-        return max(0, now - self.learn_from) / 1_000_000
+        """Seconds of the learning phase at `now` (0 before it), idle time not counted."""
+        return max(0, self._learning_now(now) - self.learn_from) / 1_000_000
+
+    def _resume_after_idle(self, now: int) -> None:
+        """The first acquire after an idle spell starts the learning phase again from the
+        rate it stood at, as sending after a block does."""
+        cfg = self.config
+        if not (cfg.adaptive and cfg.learn and self.learn_target is not None):
+            return
+        if now <= self.learn_from or self._learning_now(now) >= now:
+            return
+        self.learn_target = max(cfg.min_rate, min(cfg.rate, self._learning_rate(now)))
+        self.learn_from = now
+        self.learn_grants = self.grants
 
     def _learning_rate(self, now: float) -> float:
         t = self._since(now) / self.config.recovery_seconds
@@ -182,6 +200,7 @@ class ReferenceLimiter:
         cfg = self.config
         if cfg is None:
             return NOT_CONFIGURED, 0, 0, 0
+        self._resume_after_idle(now)
         interval = cfg.period * 1_000_000 / self.current_rate(now)
 
         def grant(slot: int) -> tuple[int, int, int, int]:

@@ -133,6 +133,32 @@ def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter):
     for seconds in (0.15, 0.45, 0.3):
         take_grants_for(seconds)
         throttle()
+    # and an idle spell (nothing granted for more than a period) before the next measurement
+    time.sleep(1.2)
+    take_grants_for(0.3)
+    throttle()
     # expect: the same rates after every throttle, and the same learned limit, measured
     assert model.learned is not None
     assert limiter.state().learned_rate == pytest.approx(model.learned, rel=1e-12)
+
+
+def test_an_idle_spell_keeps_the_rate_the_learning_stood_at(make_limiter):
+    # given an adaptive limiter of 100/s (20 per 0.2 s) climbing back slowly after a throttle
+    config = LimiterConfig(rate=20, period=0.2, burst=1, adaptive=True, recovery_seconds=5)
+    limiter = make_limiter(config)
+    limiter.report_throttle(limiter.acquire())
+    deadline = time.monotonic() + 0.1
+    while time.monotonic() < deadline:
+        limiter.acquire()
+    # when the API then sits idle for 3 s, 15 of its periods
+    time.sleep(0.25)
+    idle_from = limiter.state().current_rate
+    time.sleep(2.75)
+    idle_to = limiter.state().current_rate
+    # expect: the rate stood still instead of climbing to the ceiling meanwhile
+    assert idle_from < 0.85 * config.rate
+    assert idle_to == pytest.approx(idle_from)
+    # and sending again starts from it: two grants in a row are spaced at that rate, not 100/s
+    first, second = limiter.acquire(), limiter.acquire()
+    assert second.slot_us - first.slot_us >= 0.99 * 200_000 / idle_to
+    assert limiter.state().current_rate < 0.86 * config.rate

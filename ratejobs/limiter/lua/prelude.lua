@@ -24,8 +24,8 @@ State hash fields:
                  whether it was measured over enough grants to hold under it (see "Learning the
                  real limit" below); absent until measured
   learn_target, learn_from, learn_grants   the learning rate since the last accepted throttle
-                 starts at learn_target from learn_from (when sending resumed after its block);
-                 n_grants was learn_grants then
+                 starts at learn_target from learn_from (when sending resumed after its block,
+                 or after an idle spell: resume_after_idle); n_grants was learn_grants then
   learn_base_us, learn_base_grants   the shortest interval measured (resume to throttle) and the
                  grants the server accepted in it: mostly its burst, subtracted from the others
   learn_base_gen, learn_base_late   the generation of that interval's grants, and how many of
@@ -283,8 +283,16 @@ local LEARN_MIN_SPAN_US = 100000
 -- they kept pushing, so the server's answers measure the server, not an idle job.
 local LEARN_BUSY = 0.9
 
+-- The instant the learning rate is read at: `now` while sending, else when the API became idle
+-- (nothing granted for a whole period). Probing upward with nothing sent measures nothing, and
+-- a rate that climbed to the ceiling through an idle spell would start the next job with a 429.
+local function learning_now(cfg, st, now)
+  return now + math.min(0, st.granted_tat + cfg.period * 1000000)
+end
+
 -- The learning rate t µs after learn_from, and its slope (requests per period, per period).
 local function learning_rate(cfg, st, now)
+  now = learning_now(cfg, st, now)
   local t = math.max(0, now - st.learn_from) / (cfg.recovery_seconds * 1000000)
   if st.learn_sure then
     return st.learn_target * (1 + LEARN_PROBE * t * t * t)
@@ -293,12 +301,31 @@ local function learning_rate(cfg, st, now)
 end
 
 local function learning_slope(cfg, st, now)
+  now = learning_now(cfg, st, now)
   local t = math.max(0, now - st.learn_from) / (cfg.recovery_seconds * 1000000)
   local per_period = cfg.period / cfg.recovery_seconds
   if st.learn_sure then
     return st.learn_target * 3 * LEARN_PROBE * t * t * per_period
   end
   return st.learn_target * LEARN_CLIMB * per_period
+end
+
+-- The first acquire after an idle spell starts learning's phase again from the rate it stood at,
+-- as sending after a throttle's block does: the server's bucket refilled meanwhile, so the span
+-- from here to the next throttle measures the server as learn_from_throttle expects, and the
+-- probe's clock counts time spent sending, not time idle.
+local function resume_after_idle(state_key, cfg, st, now)
+  if not (cfg.adaptive and cfg.learn and st.learn_target and st.learn_from) then
+    return
+  end
+  if now <= st.learn_from or learning_now(cfg, st, now) >= now then
+    return
+  end
+  st.learn_target = math.max(cfg.min_rate, math.min(cfg.rate, learning_rate(cfg, st, now)))
+  st.learn_from = now
+  st.learn_grants = tonumber(redis.call('HGET', state_key, 'n_grants')) or 0
+  redis.call('HSET', state_key, 'learn_target', as_string(st.learn_target), 'learn_from', now,
+    'learn_grants', st.learn_grants)
 end
 
 -- Grants the learning rate allowed in the `span` µs after learn_from (its integral).
