@@ -188,8 +188,11 @@ end
 -- a reservation that went stale and will never be sent), capped by the least headroom of the
 -- reservations made since it (none when the history no longer reaches back to it); what is
 -- given back is used up from those headrooms, so two refunds never give back more than one
--- could. Changes st.w; the caller stores it.
-local function give_back(heads_key, cfg, st, seq, units)
+-- could. The units come off the schedules that counted them: a granted call's are in both the
+-- reserved and the granted schedule, a stale reservation's only in the reserved one (`granted`
+-- false), or the next generation, restarting from the granted schedule, would give them back a
+-- second time. Changes st.w; the caller stores it.
+local function give_back(heads_key, cfg, st, seq, units, granted)
   if seq < 0 or units <= 0 then
     return
   end
@@ -211,7 +214,9 @@ local function give_back(heads_key, cfg, st, seq, units)
       local shift = math.min(units * win.interval, least[i] or math.huge)
       given[i] = math.floor(shift)
       w.tat = math.max(w.tat - shift, math.min(w.tat, 0))
-      w.granted = math.max(w.granted - shift, math.min(w.granted, 0))
+      if granted then
+        w.granted = math.max(w.granted - shift, math.min(w.granted, 0))
+      end
     end
   end
   for k = 1, #later, 2 do
