@@ -27,7 +27,7 @@ local fields = {'rate', 'period', 'burst', 'max_concurrency', 'adaptive', 'min_r
 local stored = redis.call('HMGET', KEYS[1], unpack(fields))
 if (tonumber(stored[9]) or 0) > tonumber(ARGV[9]) then
   local now = now_us()
-  return {0, load_state(KEYS[2], now).generation, now, 1}
+  return {0, load_state(KEYS[2], now, true).generation, now, 1}
 end
 -- A new version with the same limits is recorded without starting a new generation.
 local changed = 0
