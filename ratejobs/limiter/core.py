@@ -300,7 +300,9 @@ class LimiterBase:
 
     def _configure_steps(self, config: LimiterConfig) -> Steps:
         reply = yield RunScript(
-            "configure", [self.config_key, self.state_key], config.as_script_args()
+            "configure",
+            [self.config_key, self.state_key, self.heads_key],
+            config.as_script_args(),
         )
         self.config = config
         return bool(int(reply[0]))

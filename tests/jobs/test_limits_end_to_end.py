@@ -161,3 +161,41 @@ def test_a_tokens_per_second_budget_holds_with_estimates_over_and_under_the_toke
         weights=[e["tokens"] for e in admitted],
     )  # fmt: skip
     assert excess <= 0
+
+
+# The 30 a day made short: 6 per 6 s (burst 6, one a second once spent), behind a
+# window far faster that never binds.
+SPENT_WINDOW = {"rate": 6, "period": 6, "burst": 6}
+FAST_WINDOW = {"rate": 1000, "period": 1, "burst": 1000}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "before, after",
+    [([FAST_WINDOW, SPENT_WINDOW], [SPENT_WINDOW]), ([SPENT_WINDOW], [FAST_WINDOW, SPENT_WINDOW])],
+    ids=["drop-the-fast-window", "add-one-in-front"],
+)
+def test_a_limits_change_through_rest_never_lets_a_request_past_a_spent_window(
+    sandbox, shared_worker, client_for, manager, unique_name, before, after
+):
+    # given an API whose slow window a job has just spent, against a server that counts
+    server = sandbox(rate=1000, burst=100, headers="none")
+    api = api_create(
+        name=unique_name, base_url=server.url, rate=100, burst=100, limits=before
+    )  # fmt: skip
+    spend = job_create(
+        owner=manager, api=api, name="spend", calls=[{"path": f"/a/{i}"} for i in range(6)]
+    )
+    assert wait_for_job(spend, timeout=60).succeeded == 6
+    # when a manager changes the other windows through the REST API, and a new job comes
+    response = client_for(manager).patch(f"/api/apis/{api.name}/", {"limits": after}, format="json")
+    assert response.status_code == 200, response.content
+    api.refresh_from_db()
+    late = job_create(
+        owner=manager, api=api, name="late", calls=[{"path": f"/b/{i}"} for i in range(3)]
+    )
+    assert wait_for_job(late, timeout=60).succeeded == 3
+    # expect: the server saw no request past the spent window: 6 per 6 s held across the change
+    times = sorted(entry["t"] for entry in server.stats(detail=True)["log"])
+    assert len(times) == 9
+    assert worst_window_excess(times, **SPENT_WINDOW) < 1, times

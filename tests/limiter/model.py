@@ -41,7 +41,9 @@ class ReferenceLimiter:
     tat: tuple[int, float] = (0, 0.0)
     granted_tat: tuple[int, float] = (0, 0.0)
     blocked_until: float = 0.0
-    generation: int = 0
+    # A state's first generation is Redis TIME (µs) when it is created, so that no number from
+    # before a reset comes again after it; None until then.
+    generation: int | None = None
     wmax: float | None = None
     wstart: float | None = None
     decreased_at: float | None = None
@@ -182,6 +184,8 @@ class ReferenceLimiter:
         return self.config.period * 1_000_000 / self.current_rate(now)
 
     def configure(self, config: ModelConfig, now: int) -> bool:
+        if self.generation is None:
+            self.generation = now
         changed = config != self.config
         if changed:
             old_interval = self.interval(now) if self.config else None

@@ -89,7 +89,8 @@ def test_scripts_agree_with_reference_model(machine_limiter):
         def _configure(self, config: LimiterConfig) -> None:
             limiter = self.limiter
             changed, generation, now, _ = limiter._scripts["configure"](
-                keys=[limiter.config_key, limiter.state_key], args=config.as_script_args()
+                keys=[limiter.config_key, limiter.state_key, limiter.heads_key],
+                args=config.as_script_args(),
             )
             assert bool(changed) == self.model.configure(model_config(config), int(now))
             assert generation == self.model.generation

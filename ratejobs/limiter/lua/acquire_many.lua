@@ -85,7 +85,7 @@ for i = 1, wanted do
   end
   local seq_before = st.cost_seq
   reserve_slot(KEYS, cfg, st, now, prefix .. ':' .. i, ttl, wait, weight, interval, cost)
-  seqs[#seqs + 1] = st.cost_seq ~= seq_before and st.cost_seq or -1
+  seqs[#seqs + 1] = st.cost_seq ~= seq_before and as_string(st.cost_seq) or '-1'
   granted = granted or wait == 0
   reply[#reply + 1] = now + wait
 end

@@ -17,7 +17,9 @@ State hash fields:
                  again when its holder confirms it
   generation     bumped by the first throttle of a burst and by a new config; a reservation
                  from an older generation is made again, and a throttle reported for a grant
-                 from an older generation is ignored (one decrease per burst)
+                 from an older generation is ignored (one decrease per burst). A state without
+                 one (new, reset) starts at Redis TIME in µs, so a number handed out before a
+                 reset is never handed out again after it (see load_state)
   wmax, wstart, decreased_at   adaptive rate: the rate the climb after the last decrease
                  heads for, the rate it started from, and when it started
   learned, learn_sure   the real limit learned from throttles (requests per period) and
@@ -102,17 +104,28 @@ local function config_outdated(cfg, caller_version)
 end
 
 -- Schedule times in the returned state are offsets from `now` (exact at that small magnitude);
--- store_times turns them back into whole microseconds plus a fraction.
-local function load_state(key, now)
+-- store_times turns them back into whole microseconds plus a fraction. A state that has no
+-- generation yet (new, or reset) starts at `now`: generations go up by one per throttle burst
+-- or change, far slower than the clock, so every reservation and grant from before a reset
+-- holds a lower number than any after it. It is stored at once (unless `read_only`), or the
+-- next call would start another.
+local function load_state(key, now, read_only)
   local v = redis.call('HMGET', key, 'tat_us', 'tat_frac', 'granted_tat_us', 'granted_tat_frac',
     'blocked_until', 'generation', 'wmax', 'wstart', 'decreased_at', 'learned', 'learn_sure',
     'learn_target', 'learn_from', 'learn_grants', 'learn_base_us', 'learn_base_grants',
     'learn_base_gen', 'learn_base_late', 'sampled_at')
+  local generation = tonumber(v[6])
+  if not generation then
+    generation = now
+    if not read_only then
+      redis.call('HSET', key, 'generation', generation)
+    end
+  end
   return {
     tat = ((tonumber(v[1]) or 0) - now) + (tonumber(v[2]) or 0),
     granted_tat = ((tonumber(v[3]) or 0) - now) + (tonumber(v[4]) or 0),
     blocked_until = tonumber(v[5]) or 0,
-    generation = tonumber(v[6]) or 0,
+    generation = generation,
     wmax = tonumber(v[7]),
     wstart = tonumber(v[8]),
     decreased_at = tonumber(v[9]),
@@ -178,26 +191,38 @@ end
 -- reservation with less headroom than that: there the API's bucket was full, the difference
 -- was gone, and giving it back now would let through more than the burst. The history keeps
 -- the last HEADROOM_KEPT entries (member "<window>:<seq>:<headroom µs>", score seq).
+-- A reservation's seq is at least Redis TIME in µs when it is made (next_cost_seq), so that
+-- after a reset, which forgets cost_seq and the history, a refund for a grant from before it
+-- is older than the whole new history and gives nothing back.
 local HEADROOM_KEPT = 4096
 
+local function next_cost_seq(st, now)
+  st.cost_seq = math.max(st.cost_seq + 1, now)
+end
+
 local function record_headroom(heads_key, st, i, headroom)
-  redis.call('ZADD', heads_key, st.cost_seq, i .. ':' .. st.cost_seq .. ':' .. headroom)
+  redis.call('ZADD', heads_key, st.cost_seq,
+    i .. ':' .. as_string(st.cost_seq) .. ':' .. headroom)
 end
 
 -- Give back `units` of each cost window taken by the reservation numbered `seq` (a refund, or
 -- a reservation that went stale and will never be sent), capped by the least headroom of the
--- reservations made since it (none when the history no longer reaches back to it); what is
+-- reservations made since it (none when the history no longer holds its own entry); what is
 -- given back is used up from those headrooms, so two refunds never give back more than one
--- could. Changes st.w; the caller stores it.
-local function give_back(heads_key, cfg, st, seq, units)
+-- could. The units come off the schedules that counted them: a granted call's are in both the
+-- reserved and the granted schedule, a stale reservation's only in the reserved one (`granted`
+-- false), or the next generation, restarting from the granted schedule, would give them back a
+-- second time. Changes st.w; the caller stores it.
+local function give_back(heads_key, cfg, st, seq, units, granted)
   if seq < 0 or units <= 0 then
     return
   end
   local oldest = redis.call('ZRANGE', heads_key, 0, 0, 'WITHSCORES')
-  if #oldest > 0 and tonumber(oldest[2]) > seq + 1 then
+  if #oldest == 0 or tonumber(oldest[2]) > seq then
     return
   end
-  local later = redis.call('ZRANGEBYSCORE', heads_key, '(' .. seq, '+inf', 'WITHSCORES')
+  local later = redis.call('ZRANGEBYSCORE', heads_key, '(' .. as_string(seq), '+inf',
+    'WITHSCORES')
   local least = {}
   for k = 1, #later, 2 do
     local i, headroom = string.match(later[k], '^(%d+):%d+:(%d+)$')
@@ -211,7 +236,9 @@ local function give_back(heads_key, cfg, st, seq, units)
       local shift = math.min(units * win.interval, least[i] or math.huge)
       given[i] = math.floor(shift)
       w.tat = math.max(w.tat - shift, math.min(w.tat, 0))
-      w.granted = math.max(w.granted - shift, math.min(w.granted, 0))
+      if granted then
+        w.granted = math.max(w.granted - shift, math.min(w.granted, 0))
+      end
     end
   end
   for k = 1, #later, 2 do
@@ -499,7 +526,7 @@ local function reserve_slot(keys, cfg, st, now, lease_id, ttl, wait, weight, int
     if units > 0 then
       if win.cost then
         if not costed then
-          st.cost_seq = st.cost_seq + 1
+          next_cost_seq(st, now)
           costed = true
         end
         record_headroom(keys[5], st, i, math.floor(math.max(0, st.w[i].tat - wait)))

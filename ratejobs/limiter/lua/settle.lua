@@ -39,7 +39,7 @@ for i, win in ipairs(cfg.windows) do
   end
 end
 if delta < 0 then
-  give_back(KEYS[3], cfg, st, seq, -delta)
+  give_back(KEYS[3], cfg, st, seq, -delta, true)
 end
 store_windows(KEYS[2], st, now)
 return {0, now}

@@ -32,7 +32,7 @@ local cfg = load_config(KEYS[1])
 if not cfg then
   return {0, now, '0', '0', 0, 0, 0, '0', '0', 0, 0, 0, 0, counts, 0, '', {}}
 end
-local st = load_state(KEYS[2], now)
+local st = load_state(KEYS[2], now, true)
 load_windows(KEYS[2], cfg, st, now)
 local rate = current_rate(cfg, st, now)
 local next_free = now + next_slot_offset(cfg, st, now, 1, interval_us(cfg, rate))
