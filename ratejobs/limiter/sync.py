@@ -93,10 +93,12 @@ class Limiter(LimiterBase):
         """
         try:
             return self._run(self._confirm_steps(grant, max_wait))
-        except (WaitTooLong, LimiterUnavailable, ValueError):
-            raise
+        except WaitTooLong:
+            raise  # acquire.lua gave the lease back when it answered TOO_LONG
         except BaseException:
-            # Interrupted while holding the reservation: give its lease back now.
+            # The reservation's lease is held whatever stopped the confirm (limits shrunk below
+            # its weight or cost, Redis gone, a signal): on an API with an in-flight cap it
+            # would keep a place taken until it expires, tens of seconds later.
             self._release_quietly(grant.lease_id)
             raise
 
