@@ -132,6 +132,12 @@ class AsyncLimiter(LimiterBase):
         same cost, no cost window, or limiter state lost with Redis)."""
         return await self._run(self._settle_steps(grant, cost))
 
+    async def clock(self) -> float:
+        """Now, in unix seconds on Redis's clock: the clock of every decision, shared by all
+        workers whatever their own clocks say. Free while a reply of the last minute carried
+        it; one round trip otherwise."""
+        return await self._run(self._clock_steps())
+
     async def state(self) -> LimiterState:
         return await self._run(self._state_steps())
 

@@ -158,6 +158,12 @@ class Limiter(LimiterBase):
         same cost, no cost window, or limiter state lost with Redis)."""
         return self._run(self._settle_steps(grant, cost))
 
+    def clock(self) -> float:
+        """Now, in unix seconds on Redis's clock: the clock of every decision, shared by all
+        workers whatever their own clocks say. Free while a reply of the last minute carried
+        it; one round trip otherwise."""
+        return self._run(self._clock_steps())
+
     def state(self) -> LimiterState:
         return self._run(self._state_steps())
 
