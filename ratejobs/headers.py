@@ -80,9 +80,10 @@ class QuotaHint:
         return self.remaining is not None and self.remaining <= 0
 
 
-def parse_retry_after(value: str | None, *, now: float) -> float | None:
+def parse_retry_after(value: str | None, *, now: float | None) -> float | None:
     """Seconds to wait from `now` (epoch seconds): delta-seconds or an HTTP-date, capped at
-    MAX_DELAY_SECONDS; None when the value is absent, garbage or negative."""
+    MAX_DELAY_SECONDS; None when the value is absent, garbage or negative, or a date with no
+    `now` to read it against."""
     if value is None:
         return None
     text = value.strip()
@@ -93,15 +94,15 @@ def parse_retry_after(value: str | None, *, now: float) -> float | None:
         moment = _http_date(text)
         if moment is None:
             return None
-        seconds = moment - now
+        return _seconds_until(moment, now=now, server_now=None)
     return _clamp(seconds)
 
 
-def parse_quota(headers: Mapping[str, str], *, now: float) -> QuotaHint | None:
+def parse_quota(headers: Mapping[str, str], *, now: float | None) -> QuotaHint | None:
     """The most restrictive quota the headers describe, whichever convention they follow.
 
     An epoch reset is measured against the server's `Date` when it sent one, since its reset and
-    its Date come from the same clock, and against `now` otherwise."""
+    its Date come from the same clock, and against `now` otherwise (see throttle_delay)."""
     fields = _normalise(headers)
     return _quota(fields, now=now, server_now=_http_date(fields.get("date")))
 
@@ -119,13 +120,20 @@ def is_throttle(status: int, hint: float | None) -> bool:
     return status == THROTTLE_STATUS or (status == HINTED_THROTTLE_STATUS and hint is not None)
 
 
-def throttle_delay(status_code: int, headers: Mapping[str, str], *, now: float) -> float | None:
+def throttle_delay(
+    status_code: int, headers: Mapping[str, str], *, now: float | None
+) -> float | None:
     """How long the limiter must block every worker on this API; None when the response says
     nothing about waiting.
 
     A throttling status with Retry-After waits for it; a spent quota with a reset in the future
     waits for the reset, on any status, which is how the limiter stops before the 429. When both
-    apply the longer wins: we fail closed against someone else's quota."""
+    apply the longer wins: we fail closed against someone else's quota.
+
+    A reset given as a moment (an epoch, an HTTP-date, an ISO 8601 date-time) is read against
+    the response's `Date`, and without one against `now`: the limiter's clock (Redis TIME),
+    which every worker shares. A worker's own clock may be off by seconds or minutes, and a
+    block measured on a fast one would end early. None for `now`: such a reset is not read."""
     fields = _normalise(headers)
     server_now = _http_date(fields.get("date"))
     delays = []
@@ -141,7 +149,9 @@ def throttle_delay(status_code: int, headers: Mapping[str, str], *, now: float) 
     return max(delays) if delays else None
 
 
-def _quota(fields: dict[str, str], *, now: float, server_now: float | None) -> QuotaHint | None:
+def _quota(
+    fields: dict[str, str], *, now: float | None, server_now: float | None
+) -> QuotaHint | None:
     hints = [
         *_structured_hints(fields, now=now, server_now=server_now),
         *_dictionary_hints(fields, now=now, server_now=server_now),
@@ -165,7 +175,7 @@ def _restrictiveness(hint: QuotaHint) -> tuple[float, float]:
 
 
 def _structured_hints(
-    fields: dict[str, str], *, now: float, server_now: float | None
+    fields: dict[str, str], *, now: float | None, server_now: float | None
 ) -> list[QuotaHint]:
     # RateLimit-Policy: "burst";q=100;w=60, "daily";q=1000;w=86400
     # RateLimit: "burst";r=0;t=30
@@ -206,7 +216,7 @@ def _structured_hints(
 
 
 def _dictionary_hints(
-    fields: dict[str, str], *, now: float, server_now: float | None
+    fields: dict[str, str], *, now: float | None, server_now: float | None
 ) -> list[QuotaHint]:
     # RateLimit: limit=100, remaining=0, reset=30
     # RateLimit-Policy: 10;w=1, 100;w=60
@@ -228,7 +238,7 @@ def _dictionary_hints(
 
 
 def _separate_field_hints(
-    fields: dict[str, str], *, now: float, server_now: float | None
+    fields: dict[str, str], *, now: float | None, server_now: float | None
 ) -> list[QuotaHint]:
     # RateLimit-Limit: 100            (drafts 00-06 may add policies: "100, 100;w=60")
     # RateLimit-Remaining: 0
@@ -246,7 +256,12 @@ def _separate_field_hints(
 
 
 def _prefixed_hints(
-    fields: dict[str, str], prefix: str, source: Source, *, now: float, server_now: float | None
+    fields: dict[str, str],
+    prefix: str,
+    source: Source,
+    *,
+    now: float | None,
+    server_now: float | None,
 ) -> list[QuotaHint]:
     # X-RateLimit-Limit: 5000, -Remaining: 0, -Reset: 1372700873 (GitHub, an epoch)
     # X-RateLimit-Reset-After: 1.234 (Discord: relative, so no clock to disagree about; preferred)
@@ -296,7 +311,7 @@ _DIMENSION_FIELDS: dict[Source, tuple[str, re.Pattern[str]]] = {
 
 
 def _dimension_hints(
-    fields: dict[str, str], source: Source, *, now: float, server_now: float | None
+    fields: dict[str, str], source: Source, *, now: float | None, server_now: float | None
 ) -> list[QuotaHint]:
     """One hint per dimension (requests, tokens, input-tokens, ...) of a family that names the
     dimension in each field: OpenAI's and Anthropic's."""
@@ -443,7 +458,7 @@ def _remaining(value: str | None) -> int | None:
     return None if number is None else max(0, math.floor(number))
 
 
-def _reset(value: str | None, *, now: float, server_now: float | None) -> float | None:
+def _reset(value: str | None, *, now: float | None, server_now: float | None) -> float | None:
     """Seconds until a reset given as delta-seconds, an epoch (seconds or milliseconds), a
     duration ("6m0s", OpenAI), an HTTP-date or an ISO 8601 date-time (Anthropic, Mastodon, Jira)."""
     number = _non_negative(value)
@@ -457,7 +472,7 @@ def _reset(value: str | None, *, now: float, server_now: float | None) -> float 
         moment = _iso_datetime(value)
     if moment is None:
         return None
-    return _clamp(moment - (now if server_now is None else server_now))
+    return _seconds_until(moment, now=now, server_now=server_now)
 
 
 # Go's time.Duration as OpenAI prints it: "6m0s", "1m12.5s", "20ms", "1h2m3s", "0s".
@@ -491,14 +506,23 @@ def _iso_datetime(value: str | None) -> float | None:
     return moment.timestamp()
 
 
-def _reset_after(value: float, *, now: float, server_now: float | None) -> float:
+def _reset_after(value: float, *, now: float | None, server_now: float | None) -> float | None:
     """Seconds until a reset given as delta-seconds, epoch seconds or epoch milliseconds."""
     if value > EPOCH_MILLIS_THRESHOLD:
         value /= 1000
     if value > EPOCH_SECONDS_THRESHOLD:
-        # Server and client clocks differ; the server's reset is on the server's clock.
-        value -= now if server_now is None else server_now
+        return _seconds_until(value, now=now, server_now=server_now)
     return _clamp(value)
+
+
+def _seconds_until(moment: float, *, now: float | None, server_now: float | None) -> float | None:
+    """Seconds from now until `moment` (epoch seconds); None with no clock to read it on.
+
+    The server's reset and its Date come from one clock, so their difference is right whatever
+    that clock's error; without a Date, `now` (the limiter's clock) is the one clock shared by
+    every worker."""
+    reference = now if server_now is None else server_now
+    return None if reference is None else _clamp(moment - reference)
 
 
 def _clamp(seconds: float) -> float:
@@ -572,6 +596,6 @@ def _sf_seconds(value: object) -> float | None:
     return None if number is None or number < 0 else number
 
 
-def _sf_reset(value: object, *, now: float, server_now: float | None) -> float | None:
+def _sf_reset(value: object, *, now: float | None, server_now: float | None) -> float | None:
     seconds = _sf_seconds(value)
     return None if seconds is None else _reset_after(seconds, now=now, server_now=server_now)

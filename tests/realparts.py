@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -54,9 +54,9 @@ def start_worker(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
     app.control.purge()  # messages left by an earlier test name rows that no longer exist
     workers: list[Worker] = []
 
-    def start(concurrency: int = 2, **env_overrides: str) -> Worker:
+    def start(concurrency: int = 2, *, wrapper: Sequence[str] = (), **env_overrides: str) -> Worker:
         log = tmp_path / f"worker-{len(workers)}.log"
-        worker = launch_worker(redis_url, log, concurrency, **env_overrides)
+        worker = launch_worker(redis_url, log, concurrency, wrapper=wrapper, **env_overrides)
         workers.append(worker)
         return worker
 
@@ -66,14 +66,22 @@ def start_worker(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
     app.control.purge()
 
 
-def launch_worker(redis_url: str, log: Path, concurrency: int = 2, **env_overrides: str) -> Worker:
+def launch_worker(
+    redis_url: str,
+    log: Path,
+    concurrency: int = 2,
+    *,
+    wrapper: Sequence[str] = (),
+    **env_overrides: str,
+) -> Worker:
     """`celery -A project worker` on the test DB and broker, once it is ready; for a fixture of
-    a wider scope than start_worker's (the caller stops it)."""
+    a wider scope than start_worker's (the caller stops it). `wrapper` is a command the worker
+    runs under (`faketime -f +30s`: a machine whose clock is off)."""
     name = f"test-{uuid.uuid4().hex[:8]}@%h"
     process = _start_celery(
         ["worker", "-c", str(concurrency), "-P", "prefork", "-n", name, "--without-gossip",
          "--without-mingle", "--without-heartbeat"],
-        log, {**_worker_env(redis_url), **env_overrides},
+        log, {**_worker_env(redis_url), **env_overrides}, wrapper,
     )  # fmt: skip
     worker = Worker(process, log, name)
     try:
@@ -146,10 +154,13 @@ def start_beat(redis_url, tmp_path) -> Iterator[Callable[..., Worker]]:
         beat.stop()
 
 
-def _start_celery(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+def _start_celery(
+    args: list[str], log: Path, env: dict[str, str], wrapper: Sequence[str] = ()
+) -> subprocess.Popen:
     """`celery -A project <args>` in its own process group, logging at INFO to `log`."""
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "project", *args, "-l", "INFO", "-f", str(log)],
+        [*wrapper, sys.executable, "-m", "celery", "-A", "project", *args, "-l", "INFO", "-f",
+         str(log)],
         cwd=PROJECT_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=_console(log),
         stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip

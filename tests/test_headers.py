@@ -23,7 +23,7 @@ from ratejobs.headers import (
 )
 from ratejobs.limiter.config import MAX_COST
 
-# Our clock in every test: Tue, 14 Nov 2023 22:13:20 GMT.
+# Our clock (the limiter's, Redis TIME) in every test: Tue, 14 Nov 2023 22:13:20 GMT.
 NOW = 1_700_000_000.0
 NOW_DATE = "Tue, 14 Nov 2023 22:13:20 GMT"
 
@@ -184,6 +184,34 @@ def test_unreadable_date_header_falls_back_to_our_clock():
         "X-RateLimit-Reset": "1700000090",
     }
     assert parse_quota(headers, now=NOW).reset_after == 90.0
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Retry-After": "Tue, 14 Nov 2023 22:14:50 GMT"},
+        {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000090"},
+        {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "1700000090000"},
+        {"RateLimit-Remaining": "0", "RateLimit-Reset": "Tue, 14 Nov 2023 22:14:50 GMT"},
+        {"anthropic-ratelimit-requests-remaining": "0",
+         "anthropic-ratelimit-requests-reset": "2023-11-14T22:14:50Z"},
+    ],
+)  # fmt: skip
+def test_a_reset_given_as_a_moment_is_read_on_the_date_or_the_clock_given_never_another(headers):
+    # given a reset 90 s after our clock, which the server's Date puts 30 s away
+    dated = {**headers, "Date": "Tue, 14 Nov 2023 22:14:20 GMT"}
+    # expect: the Date's reading with it whatever clock is given, ours without it, and none
+    # with neither (a worker's own clock is never the fallback)
+    for now in (NOW, None, NOW + 3600):
+        assert throttle_delay(429, dated, now=now) == pytest.approx(30.0)
+    assert throttle_delay(429, headers, now=NOW) == pytest.approx(90.0)
+    assert throttle_delay(429, headers, now=None) is None
+
+
+def test_a_delta_reset_needs_no_clock():
+    assert parse_retry_after("90", now=None) == 90.0
+    headers = {"X-RateLimit-Remaining": "0", "X-RateLimit-Reset": "90"}
+    assert parse_quota(headers, now=None).reset_after == 90.0
 
 
 def test_epoch_reset_already_passed_means_no_wait():

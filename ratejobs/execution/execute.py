@@ -233,6 +233,9 @@ def _attempt(
         )
 
     feedback: Feedback | None = None
+    # The limiter's clock, for the retry delay of a reset given as a moment: a worker's own
+    # clock may be off, and the call would come back before the block it is told to wait out.
+    now: float | None = None
     limiter_error = ""
     cost_used: int | None = None
     handed_back = False
@@ -256,6 +259,7 @@ def _attempt(
                 feedback = limiter.observe(
                     grant, result.status_code, result.headers, default_block=default_block
                 )
+                now = limiter.clock()  # read by observe just now: no round trip
             except LimiterError as exc:
                 limiter_error = f"response not fed back to the limiter: {exc}"
                 logger.warning("%s (%s)", limiter_error, redact_url(request.url))
@@ -280,6 +284,7 @@ def _attempt(
         backoff_base=policy.backoff_base,
         backoff_cap=policy.backoff_cap,
         rng=rng,
+        now=now,
         retry_conflicts=policy.retry_conflicts,
     )
     logger.debug(

@@ -8,7 +8,6 @@ after a throttle were already granted, this attempt not included.
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -58,8 +57,8 @@ def classify(
     hint) is throttled, retried after the hint or a backoff without using up max_attempts;
     5xx, 408 (and 409 with retry_conflicts: an idempotency key still in use) and network
     errors are retried while attempts < max_attempts; other 4xx fail, and so does an address
-    the outbound policy refused, at once."""
-    now = time.time() if now is None else now
+    the outbound policy refused, at once. `now` is the limiter's clock (Limiter.clock()), on
+    which a reset given as a moment is read when the response has no Date (throttle_delay)."""
     status = result.status_code
 
     def backoff(retries: int) -> float:

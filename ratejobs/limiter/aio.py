@@ -75,10 +75,12 @@ class AsyncLimiter(LimiterBase):
     async def confirm(self, grant: Grant, *, max_wait: float | None = None) -> Grant:
         try:
             return await self._run(self._confirm_steps(grant, max_wait))
-        except (WaitTooLong, LimiterUnavailable, ValueError):
-            raise
+        except WaitTooLong:
+            raise  # acquire.lua gave the lease back when it answered TOO_LONG
         except BaseException:
-            # Interrupted while holding the reservation: give its lease back now.
+            # The reservation's lease is held whatever stopped the confirm (limits shrunk below
+            # its weight or cost, Redis gone, a signal): on an API with an in-flight cap it
+            # would keep a place taken until it expires, tens of seconds later.
             await self._release_quietly(grant.lease_id)
             raise
 
@@ -129,6 +131,12 @@ class AsyncLimiter(LimiterBase):
         difference to the cost windows, or give it back. False when nothing was changed (the
         same cost, no cost window, or limiter state lost with Redis)."""
         return await self._run(self._settle_steps(grant, cost))
+
+    async def clock(self) -> float:
+        """Now, in unix seconds on Redis's clock: the clock of every decision, shared by all
+        workers whatever their own clocks say. Free while a reply of the last minute carried
+        it; one round trip otherwise."""
+        return await self._run(self._clock_steps())
 
     async def state(self) -> LimiterState:
         return await self._run(self._state_steps())

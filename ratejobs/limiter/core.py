@@ -47,6 +47,10 @@ RATE_SAMPLE_SECONDS = 2.0
 # ... and it keeps this many samples: 6 h at one per 2 s (1.5 MB per limiter in Redis,
 # measured with MEMORY USAGE).
 RATE_SAMPLES_KEPT = 10_800
+# Redis's clock, once read, is followed on this process's monotonic clock for this long before
+# it is read again: the two drift apart by NTP's slew at most (500 ppm, 30 ms a minute), far
+# less than the whole seconds of a reset header. A grant's reply carries a reading for free.
+CLOCK_READING_MAX_AGE = 60.0
 # The keys of a limiter that hold live state, which a reset forgets; its config stays.
 LIVE_KEY_PARTS = ("state", "leases", "released", "heads", "rates")
 
@@ -194,6 +198,22 @@ class LimiterState:
 
 
 @dataclass(frozen=True)
+class ClockReading:
+    """Redis's clock as a reply carried it, and this process's time.monotonic() when the reply
+    arrived: the time on Redis's clock later, without asking Redis again."""
+
+    redis_us: int
+    monotonic: float
+
+    def now(self, monotonic: float) -> float:
+        """Unix seconds on Redis's clock at `monotonic` (this process's time.monotonic()).
+
+        The reply left Redis a little before it arrived, so this reads a little early: a block
+        measured against it is a little longer, never shorter."""
+        return self.redis_us / MICROS + (monotonic - self.monotonic)
+
+
+@dataclass(frozen=True)
 class RunScript:
     name: str
     keys: list[str]
@@ -273,6 +293,7 @@ class LimiterBase:
         self.name = name
         self.config = config
         self.round_trips = 0
+        self._clock_reading: ClockReading | None = None
         # One hash tag for all keys of a limiter: its scripts touch several keys at once, which
         # Redis Cluster allows only within one slot.
         base = self._base = f"{key_prefix}:{{{name}}}"
@@ -367,6 +388,7 @@ class LimiterBase:
                 ],
             )
             code, wait_us, slot_us, generation, now_us, seq = (int(x) for x in reply)
+            self._read_clock(now_us, time.monotonic())
             if seq >= 0:
                 cost_seq = seq
             if held_slot >= 0 and slot_us != held_slot:
@@ -436,6 +458,7 @@ class LimiterBase:
             )
             received = time.monotonic()
             code, hint_us, generation, now_us = (int(x) for x in reply[:4])
+            self._read_clock(now_us, received)
             seqs = [int(x) for x in _text(reply[4]).split(",") if x]
             slots = [int(x) for x in reply[5:]]
             if code == NOT_CONFIGURED:
@@ -522,6 +545,7 @@ class LimiterBase:
             if int(reply[0]) != NOT_CONFIGURED:
                 break
             yield from self._configure_from_own()
+        self._read_clock(int(reply[4]), time.monotonic())
         return Feedback(
             accepted=bool(int(reply[1])),
             generation=int(reply[2]),
@@ -538,7 +562,8 @@ class LimiterBase:
         headers: Mapping[str, str],
         default_block: float,
     ) -> Steps:
-        delay = throttle_delay(status_code, headers, now=time.time())
+        now = yield from self._clock_steps()
+        delay = throttle_delay(status_code, headers, now=now)
         throttled = is_throttle(status_code, delay)
         if throttled and delay is None:
             delay = default_block
@@ -552,7 +577,7 @@ class LimiterBase:
         responses: Sequence[tuple[Grant | None, int, Mapping[str, str]]],
         default_block: float,
     ) -> Steps:
-        now = time.time()
+        now = yield from self._clock_steps()
         signalling: list[int] = []  # indexes of the responses that say something
         args: list[int] = [*self._history_args]
         for index, (grant, status_code, headers) in enumerate(responses):
@@ -576,6 +601,7 @@ class LimiterBase:
                 break
             yield from self._configure_from_own()
         now_us = int(reply[1])
+        self._read_clock(now_us, time.monotonic())
         for index, item in zip(signalling, reply[2:], strict=True):
             results[index] = Feedback(
                 accepted=bool(int(item[0])),
@@ -586,6 +612,20 @@ class LimiterBase:
                 rate_after=float(item[4]),
             )
         return results
+
+    def _clock_steps(self) -> Steps:
+        """Now, in unix seconds on Redis's clock: followed from the last reading on this
+        process's monotonic clock, read again (one round trip) when there is none that recent."""
+        reading = self._clock_reading
+        if reading is None or time.monotonic() - reading.monotonic > CLOCK_READING_MAX_AGE:
+            reply = yield RunScript("clock", [self.config_key], [])
+            reading = ClockReading(int(reply), time.monotonic())
+            self._clock_reading = reading
+        return reading.now(time.monotonic())
+
+    def _read_clock(self, redis_us: int, received: float) -> None:
+        if redis_us > 0:  # a NOT_CONFIGURED reply carries no time
+            self._clock_reading = ClockReading(redis_us, received)
 
     def _settle_steps(self, grant: Grant, cost: int) -> Steps:
         """Charge (or give back) the difference between `grant`'s cost and the real one."""

@@ -13,6 +13,7 @@ SCRIPT_NAMES = (
     "configure",
     "settle",
     "state",
+    "clock",
 )
 
 

@@ -10,7 +10,8 @@ limit it answers 429 `{"error": "rate limited"}` with Retry-After (unless disabl
 headers (`github`: X-RateLimit-Limit/-Remaining/-Reset as an epoch; `ietf`: RateLimit-Policy
 and RateLimit; `openai`: x-ratelimit-*-requests with a duration reset; `anthropic`:
 anthropic-ratelimit-requests-* with an RFC 3339 reset; `shopify`: X-Shopify-Shop-Api-Call-Limit,
-used/burst) advertise `rate` on every response, including 429s.
+used/burst) advertise `rate` on every response, including 429s. Every response carries a Date
+header unless `--no-date` (/__config `"date": false`), as some servers and proxies send none.
 
 Idempotency, as Stripe's: a request carrying a key in `idempotency_header` (default
 Idempotency-Key; "" turns it off) whose key was answered before gets that first answer again

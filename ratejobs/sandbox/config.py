@@ -46,6 +46,7 @@ LIVE_FIELDS = frozenset(
         "retry_after",
         "retry_after_format",
         "headers",
+        "date",
         "latency",
         "error_rate",
         "seed",
@@ -62,7 +63,7 @@ _FLOAT_FIELDS = frozenset(
     {"rate", "period", "real_rate", "latency", "error_rate", "token_rate", "token_period"}
 )
 _INT_FIELDS = frozenset({"burst", "seed", "max_log", "port", "max_idempotency_keys", "token_burst"})
-_BOOL_FIELDS = frozenset({"no_limit", "retry_after"})
+_BOOL_FIELDS = frozenset({"no_limit", "retry_after", "date"})
 _OPTIONAL_FIELDS = frozenset({"real_rate", "seed", "token_rate", "token_period", "token_burst"})
 # A quota on the command line: "300/60" (300 per 60 s) or "300/60/50" (with a burst of 50).
 _QUOTA_SPEC = re.compile(r"^\s*([^/\s]+)\s*/\s*([^/\s]+)\s*(?:/\s*([^/\s]+)\s*)?$")
@@ -83,6 +84,9 @@ class SandboxConfig:
     retry_after: bool = True  # send Retry-After on 429
     retry_after_format: RetryAfterFormat = "delta"  # whole seconds rounded up, or an HTTP-date
     headers: HeaderStyle = "github"  # quota headers on every response
+    # A Date header on every response, as RFC 9110 asks of a server with a clock; without one a
+    # client reads an epoch or HTTP-date reset on a clock of its own choosing.
+    date: bool = True
     latency: float = 0.0  # seconds added to every API response
     error_rate: float = 0.0  # fraction of admitted requests answered 500
     seed: int | None = None  # seed of the error-rate RNG; None: unseeded
@@ -189,6 +193,7 @@ class SandboxConfig:
             f"--idempotency-header={self.idempotency_header}",
             f"--max-idempotency-keys={self.max_idempotency_keys}",
             "--retry-after" if self.retry_after else "--no-retry-after",
+            "--date" if self.date else "--no-date",
         ]
         if self.real_rate is not None:
             argv.append(f"--real-rate={self.real_rate!r}")
@@ -232,6 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--retry-after-format", choices=RETRY_AFTER_FORMATS, default=defaults.retry_after_format
     )
     parser.add_argument("--headers", choices=HEADER_STYLES, default=defaults.headers)
+    parser.add_argument(
+        "--date",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.date,
+        help="send a Date header on every response",
+    )
     parser.add_argument("--latency", type=float, default=defaults.latency, help="seconds")
     parser.add_argument("--error-rate", type=float, default=defaults.error_rate)
     parser.add_argument("--seed", type=int, default=None, help="seed of the error-rate RNG")

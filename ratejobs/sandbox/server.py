@@ -311,11 +311,10 @@ class _Handler(BaseHTTPRequestHandler):
             payload, content_type = body, "application/octet-stream"
         else:
             payload, content_type = json.dumps(body).encode(), JSON
-        lines = [
-            f"HTTP/1.1 {status} {_REASONS.get(status, '')}",
-            f"Date: {_http_date_now()}",
-            f"Server: {self.server_version}",
-        ]
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, '')}"]
+        if self.server.state.config.date:
+            lines.append(f"Date: {_http_date_now()}")
+        lines.append(f"Server: {self.server_version}")
         if status in _NO_BODY:
             payload = b""
             if status == 304:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from ratejobs.limiter import AsyncLimiter, Limiter, LimiterConfig, WaitTooLong
+from ratejobs.limiter import AsyncLimiter, Limiter, LimiterConfig, WaitTooLong, Window
 from tests.limiter.conftest import worst_window_excess
 
 # Time for the other thread of a test to reach its wait in Redis, on a busy 2-core machine.
@@ -254,6 +254,26 @@ def test_confirm_past_max_wait_gives_the_lease_back(make_limiter):
     with pytest.raises(WaitTooLong):
         limiter.confirm(batch.grants[1], max_wait=0.5)
     # expect: that lease is free again; the first (ready before the block) is still held
+    assert limiter.state().in_flight == 1
+
+
+@pytest.mark.parametrize("shrunk", ["cost", "weight"])
+def test_confirm_refused_by_shrunk_limits_gives_the_lease_back(make_batch_limiter, shrunk):
+    # given an in-flight cap of 2 and a reserved slot still to come, of weight 2 and cost 80;
+    # then limits shrunk below what that reservation holds (a cost window's burst, or the
+    # burst), so that its confirm can only refuse it
+    def limits(burst: int, cost_burst: int) -> LimiterConfig:
+        window = Window(1000.0, 1.0, cost_burst, "cost")
+        return LimiterConfig(rate=10, burst=burst, max_concurrency=2, windows=(window,))
+
+    limiter = make_batch_limiter(limits(burst=2, cost_burst=200))
+    batch = limiter.acquire_many(2, weight=2, costs=[10, 80])
+    assert not batch.grants[1].ready
+    limiter.configure(limits(burst=2, cost_burst=50) if shrunk == "cost" else limits(1, 200))
+    with pytest.raises(ValueError, match="exceeds"):
+        limiter.confirm(batch.grants[1])
+    # expect: its in-flight place is free at once, not when its lease expires; the first
+    # grant's is still held
     assert limiter.state().in_flight == 1
 
 
