@@ -24,8 +24,10 @@ HOUR = 3600.0
 # Wake-up tokens for callers waiting for a lease (prelude's RELEASED_KEPT_MS): they matter for
 # a second, so their list keeps a minute whatever the windows.
 RELEASED_KEPT = 60.0
-# prelude's LIFETIME_MARGIN_US, the slack past what a bucket must remember
+# prelude's LIFETIME_MARGIN_US and RENEW_SLACK_US: past what a bucket must remember, the
+# expiry's margin and the slack that spares most calls a renewal (a quarter of a long window)
 MARGIN = 1.0
+SLACK = 1.0
 
 
 def _keys(client: Any, limiter: Any) -> dict[str, float]:
@@ -67,7 +69,7 @@ def test_every_key_a_limiter_writes_expires_no_sooner_than_its_longest_window(
     assert all(ttl > 0 for ttl in keys.values()), keys
     for part in ("config", "state", "heads", "rates"):
         assert keys[part] >= HOUR, (part, keys[part])
-    assert keys["state"] <= HOUR + MARGIN + 0.01  # and no longer than what it must remember
+    assert keys["state"] <= HOUR * 1.25 + MARGIN + 0.01  # and not much longer
     assert 0 < keys["released"] <= RELEASED_KEPT
 
 
@@ -87,7 +89,7 @@ def test_a_lease_a_block_and_a_rate_cut_keep_the_bucket_until_they_end(make_limi
     other = make_limiter(config, name=limiter.name + "-b")
     other.report_throttle(other.acquire(lease_seconds=0.1), block_seconds=5)
     keys = _keys(redis_client, other)
-    assert 30 - 0.1 <= keys["state"] <= 30 + MARGIN, keys
+    assert 30 - 0.1 <= keys["state"] <= 30 + MARGIN + SLACK, keys
     before = other.state().blocked_until_us
     other.block(120)
     assert _keys(redis_client, other)["state"] >= 119
@@ -104,7 +106,9 @@ def test_an_idle_bucket_vanishes_and_comes_back_full_without_handing_back_quota(
     slots = [limiter.acquire(lease_seconds=0.2).slot_us for _ in range(2)]
     spent = time.monotonic()
     keys = _keys(redis_client, limiter)
-    assert all(window.period <= ttl <= window.period + MARGIN + 0.3 for ttl in keys.values()), keys
+    assert all(
+        window.period <= ttl <= window.period + MARGIN + SLACK + 0.3 for ttl in keys.values()
+    ), keys
     # expect: nothing left of it once the window has passed, and not before
     gone = _wait_until_gone(redis_client, limiter, timeout=10)
     assert gone - spent >= window.period
@@ -126,8 +130,8 @@ def test_the_refund_history_keeps_no_more_than_its_windows_time(make_limiter, re
     limiter.release_many(burst)
     heads = f"{limiter._base}:heads"
     assert redis_client.zcard(heads) == 40
-    # when the bucket stays in use, one grant every 0.3 s, for two of its lifetimes (~2 s each)
-    deadline = time.monotonic() + 4.6
+    # when the bucket stays in use, one grant every 0.3 s, for two of its lifetimes (2-3 s each)
+    deadline = time.monotonic() + 6.5
     while time.monotonic() < deadline:
         limiter.release(limiter.acquire(cost=1, lease_seconds=0.2))
         time.sleep(0.3)

@@ -60,7 +60,7 @@ local st = load_state(KEYS[2], now)
 use_history(st, KEYS[6], ARGV[10], ARGV[11])
 load_windows(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
-local bucket = {KEYS[1], KEYS[2], KEYS[3], KEYS[5]}
+local bucket = {KEYS[1], KEYS[2], KEYS[3]}
 
 if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
   if now >= held_slot then

@@ -705,25 +705,42 @@ local function trim_heads(state_key, heads_key, st, now, expires_at)
   redis.call('HSET', state_key, 'heads_seq', st.cost_seq, 'heads_until', expires_at)
 end
 
--- Renew the expiry of a bucket's keys after a script wrote to them. keys: those the script was
--- given ({config, state, ...}: keys[2] is the state hash); lease_end: the latest end of a lease
--- this call took (0 for none); heads_key: the refund history to bound in time, or nil.
+-- Renewing every key at every grant would add several Redis calls to each, so an expiry is set
+-- this much past what is needed (or a quarter of the longest span, when longer), and the calls
+-- within it renew only the keys they may have made again.
+local RENEW_SLACK_US = 1000000
+
+-- Renew the expiry of a bucket's keys after a script wrote to them. keys: {config, state, ...}
+-- as the script was given them; config and state are always renewed together, so the state's
+-- expiry is theirs. lease_end: the latest end of a lease this call took (0 for none).
+-- heads_key: the refund history (renewed and bounded in time with cost windows), or nil.
 local function renew_bucket(keys, cfg, st, now, lease_end, heads_key)
   local at = math.max(now + st.tat, now + st.granted_tat, st.blocked_until,
     rate_recovered_at(cfg, st), lease_end)
   local span = window_span_us(cfg.rate, cfg.period, cfg.burst)
+  local costed = false
   for i, win in ipairs(cfg.windows) do
     span = math.max(span, window_span_us(win.rate, win.period, win.burst))
+    costed = costed or win.cost
     if st.w and st.w[i] then
       at = math.max(at, now + st.w[i].tat, now + st.w[i].granted)
     end
   end
-  local ms = math.ceil((math.max(at, now + span) + LIFETIME_MARGIN_US - now) / 1000)
-  ms = math.max(ms, redis.call('PTTL', keys[2]))
-  if heads_key and st.cost_seq and st.cost_seq > 0 then
-    trim_heads(keys[2], heads_key, st, now, now + ms * 1000)
+  local need = math.ceil((math.max(at, now + span) + LIFETIME_MARGIN_US - now) / 1000)
+  local ms = redis.call('PTTL', keys[2])
+  local first = 3
+  if ms < need then
+    ms = need + math.ceil(math.max(RENEW_SLACK_US, span / 4) / 1000)
+    first = 1
+    if heads_key and costed and st.cost_seq and st.cost_seq > 0 then
+      trim_heads(keys[2], heads_key, st, now, now + need * 1000)
+    end
   end
-  for _, key in ipairs(keys) do
-    redis.call('PEXPIRE', key, ms)
+  -- the others may be new since (a leases set emptied by releases and taken again)
+  for i = first, #keys do
+    redis.call('PEXPIRE', keys[i], ms)
+  end
+  if heads_key and costed then
+    redis.call('PEXPIRE', heads_key, ms)
   end
 end
