@@ -79,6 +79,7 @@ bench-export: venv
 bench-windows: venv
 	$(PY) -m bench.windows
 
-# One credential key against 5,000 keys round-robin: grants/s through the shared limiter.
+# Redis memory per credential key's bucket (in use, after its idle expiry), then one key against
+# 5,000 round-robin: grants/s through the shared limiter.
 bench-keys: venv
 	$(PY) -m bench.keys

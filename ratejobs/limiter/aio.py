@@ -144,6 +144,10 @@ class AsyncLimiter(LimiterBase):
     async def reset(self) -> None:
         await self._run(self._reset_steps())
 
+    async def delete(self) -> None:
+        """Limiter.delete()."""
+        await self._run(self._delete_steps())
+
     async def rate_history(self, since: float | None = None) -> list[RateSample]:
         """The rate over time, oldest first: samples taken as grants were made (at most one per
         RATE_SAMPLE_SECONDS) and at each rate cut, since `since` (unix seconds; None: every

@@ -644,6 +644,10 @@ class LimiterBase:
         configuration."""
         yield Delete([f"{self._base}:{part}" for part in LIVE_KEY_PARTS])
 
+    def _delete_steps(self) -> Steps:
+        """Remove every key of the limiter, its configuration too."""
+        yield Delete(list(self.keys))
+
     def _rate_history_steps(self, since: float | None) -> Steps:
         """The samples since `since` (unix seconds; None: all kept), oldest first."""
         low = "-inf" if since is None else int(since * MICROS)

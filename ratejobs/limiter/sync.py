@@ -170,6 +170,11 @@ class Limiter(LimiterBase):
     def reset(self) -> None:
         self._run(self._reset_steps())
 
+    def delete(self) -> None:
+        """Remove the limiter from Redis, its limits too, as for a bucket nobody will use again
+        (a deleted credential's); a later use configures it afresh."""
+        self._run(self._delete_steps())
+
     def rate_history(self, since: float | None = None) -> list[RateSample]:
         """The rate over time, oldest first: samples taken as grants were made (at most one per
         RATE_SAMPLE_SECONDS) and at each rate cut, since `since` (unix seconds; None: every

@@ -88,8 +88,8 @@ def api_rate_history(api: Api, *, since: datetime) -> list[RateSample]:
 
 NOT_CONFIGURED_YET = LimiterReading(
     state=None,
-    error="limiter not in Redis yet: the workers configure it from the database at their "
-    "first call",
+    error="limiter not in Redis yet (never used, or idle past its lifetime): the workers "
+    "configure it from the database at their next call",
 )
 
 

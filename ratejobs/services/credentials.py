@@ -21,6 +21,7 @@ from ratejobs.models import (
     Api,
     ApiCredential,
 )
+from ratejobs.services.apis import api_limiter
 
 KEY_RE = re.compile(CREDENTIAL_KEY_PATTERN)
 # The same for the REST schema (its `$` matched with fullmatch), and the column's length.
@@ -131,8 +132,12 @@ def credential_replace(*, api: Api, key: str, secret: str) -> ApiCredential:
 
 
 def credential_delete(*, api: Api, key: str) -> bool:
-    """Remove a key; calls still naming it fail with "no credential" rather than send without."""
+    """Remove a key and its limiter bucket; calls still naming it fail with "no credential"
+    rather than send without."""
     deleted, _ = ApiCredential.objects.filter(api=api, key=key).delete()
+    if deleted:
+        # robust: with Redis down the key is still deleted, and its bucket expires by itself
+        transaction.on_commit(lambda: api_limiter(api, key).delete(), robust=True)
     return bool(deleted)
 
 

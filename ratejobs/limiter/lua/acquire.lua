@@ -61,12 +61,14 @@ use_history(st, KEYS[6], ARGV[10], ARGV[11])
 load_windows(KEYS[2], cfg, st, now)
 resume_after_idle(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
+local bucket = {KEYS[1], KEYS[2], KEYS[3]}
 
 if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
   if now >= held_slot then
     grant_slot(KEYS, cfg, st, now, lease_id, ttl, held_slot, weight, interval, cost)
     store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
     store_windows(KEYS[2], st, now)
+    renew_bucket(bucket, cfg, st, now, now + ttl, KEYS[5])
     return {0, 0, held_slot, st.generation, now, -1}
   end
   return {1, held_slot - now, held_slot, st.generation, now, -1}
@@ -81,11 +83,13 @@ local slot = now + wait
 if max_wait >= 0 and wait > max_wait then
   wake_waiters(cfg, KEYS[4], redis.call('ZREM', KEYS[3], lease_id))
   count(KEYS[2], 'too_long')
+  renew_bucket(bucket, cfg, st, now, 0, KEYS[5])
   return {2, wait, slot, st.generation, now, -1}
 end
 
 if not redis.call('ZSCORE', KEYS[3], lease_id) and free_leases(cfg, KEYS[3], now) <= 0 then
   count(KEYS[2], 'at_capacity')
+  renew_bucket(bucket, cfg, st, now, 0, KEYS[5])
   return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now, -1}
 end
 
@@ -94,6 +98,7 @@ reserve_slot(KEYS, cfg, st, now, lease_id, ttl, wait, weight, interval, cost)
 store_time(KEYS[2], 'tat', now, st.tat)
 store_windows(KEYS[2], st, now)
 local seq = st.cost_seq ~= seq_before and st.cost_seq or -1
+renew_bucket(bucket, cfg, st, now, slot + ttl, KEYS[5])
 if wait == 0 then
   store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
   return {0, 0, slot, st.generation, now, seq}

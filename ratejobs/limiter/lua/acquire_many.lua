@@ -98,4 +98,6 @@ end
 if granted then
   store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
 end
+renew_bucket({KEYS[1], KEYS[2], KEYS[3]}, cfg, st, now,
+  #reply > 5 and reply[#reply] + ttl or 0, KEYS[5])
 return reply

@@ -34,5 +34,6 @@ use_history(st, KEYS[3], ARGV[4], ARGV[5])
 local accepted, rate_before = apply_feedback(KEYS, cfg, st, now, tonumber(ARGV[1]),
   tonumber(ARGV[2]), ARGV[3] == '1')
 sample_cut(KEYS[2], cfg, st, now)
+renew_bucket({KEYS[1], KEYS[2]}, cfg, st, now, 0)
 return {0, accepted, st.generation, st.blocked_until, now, as_string(rate_before),
   as_string(current_rate(cfg, st, now))}

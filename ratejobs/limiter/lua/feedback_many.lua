@@ -34,4 +34,5 @@ for i = 3, #ARGV, 3 do
     as_string(current_rate(cfg, st, now))}
 end
 sample_cut(KEYS[2], cfg, st, now)
+renew_bucket({KEYS[1], KEYS[2]}, cfg, st, now, 0)
 return reply

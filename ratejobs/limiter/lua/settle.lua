@@ -42,4 +42,5 @@ if delta < 0 then
   give_back(KEYS[3], cfg, st, seq, -delta, true)
 end
 store_windows(KEYS[2], st, now)
+renew_bucket({KEYS[1], KEYS[2]}, cfg, st, now, 0, KEYS[3])
 return {0, now}
