@@ -83,7 +83,7 @@ def test_a_throttle_below_the_last_peak_lowers_the_target_of_the_climb(make_limi
     assert limiter.state().current_rate == pytest.approx(second.rate_before * 0.85, rel=2e-2)
 
 
-def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter):
+def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter, redis_client):
     # given grants taken at the limiter's pace between throttles, spans long enough to measure
     # (prelude's "Learning the real limit"), every step mirrored by the reference model at
     # Redis's own clock
@@ -142,6 +142,8 @@ def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter):
     # expect: the same rates after every throttle, and the same learned limit, measured
     assert model.learned is not None
     assert limiter.state().learned_rate == pytest.approx(model.learned, rel=1e-12)
+    # and what was learned outlives an idle spell of a day (docs/limiter.md, T1)
+    assert redis_client.pttl(limiter.state_key) > 23 * 3600 * 1000
 
 
 def test_an_idle_spell_keeps_the_rate_the_learning_stood_at(make_limiter):

@@ -713,6 +713,10 @@ end
 -- The margin: Redis never expires a key early on its own clock, the scripts' clock; it covers
 -- rounding to ms and a replica's clock a little behind after a failover.
 local LIFETIME_MARGIN_US = 1000000
+-- A learned limit is a fact about the API, not about its last burst: it is kept through idle
+-- spells (the rate stands still meanwhile: resume_after_idle) for this long after the bucket's
+-- last use, so tomorrow's job starts at the held rate rather than at the ceiling, into a 429.
+local LEARNED_KEPT_US = 24 * 3600 * 1000000
 
 local function window_span_us(rate, period, burst)
   return math.max(period, burst * period / rate) * 1000000
@@ -771,6 +775,9 @@ local RENEW_SLACK_US = 1000000
 local function renew_bucket(keys, cfg, st, now, lease_end, heads_key)
   local at = math.max(now + st.tat, now + st.granted_tat, st.blocked_until,
     rate_recovered_at(cfg, st), lease_end)
+  if cfg.adaptive and cfg.learn and st.learned then
+    at = math.max(at, now + LEARNED_KEPT_US)
+  end
   local span = window_span_us(cfg.rate, cfg.period, cfg.burst)
   local costed = false
   for i, win in ipairs(cfg.windows) do
