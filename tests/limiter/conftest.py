@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
+from ratejobs.limiter import LimiterConfig
+
 # Slots are whole microseconds on Redis's clock, so two slots one interval apart can be up to
 # 1 µs closer than the exact interval; the window bound is checked with that allowance.
 SLOT_ROUNDING_US = 1
@@ -27,12 +29,17 @@ def take_in_processes(
     weight: int,
     processes: int,
     timeout: float = 60,
+    config: LimiterConfig | None = None,
 ) -> list:
     """Run `taker` (tests.limiter.workers) in `processes` processes started together, each
     taking `count` grants of `weight`; their reports (pid, grants, round trips)."""
     barrier, results = spawn.Barrier(processes), spawn.Queue()
     procs = [
-        spawn.Process(target=taker, args=(redis_url, name, count, weight, barrier, results))
+        spawn.Process(
+            target=taker,
+            args=(redis_url, name, count, weight, barrier, results),
+            kwargs={"config": config},
+        )
         for _ in range(processes)
     ]
     for p in procs:

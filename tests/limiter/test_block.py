@@ -41,7 +41,11 @@ def test_block_stops_every_process_until_it_ends(make_limiter, redis_url, spawn,
     limiter = make_limiter(LimiterConfig(rate=50, burst=2))
     barrier, results = spawn.Barrier(PROCESSES + 1), spawn.Queue()
     procs = [
-        spawn.Process(target=taker, args=(redis_url, limiter.name, 2.5, barrier, results))
+        spawn.Process(
+            target=taker,
+            args=(redis_url, limiter.name, 2.5, barrier, results),
+            kwargs={"config": limiter.config},
+        )
         for _ in range(PROCESSES)
     ]
     for p in procs:

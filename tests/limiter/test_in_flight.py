@@ -41,7 +41,11 @@ def test_lease_of_a_killed_worker_expires(make_limiter, redis_url, spawn):
     # given a cap of 1 and a worker killed with -9 while holding the only lease (2 s lease)
     limiter = make_limiter(LimiterConfig(rate=100, max_concurrency=1))
     ready = spawn.Event()
-    worker = spawn.Process(target=hold_lease_and_die, args=(redis_url, limiter.name, 2.0, ready))
+    worker = spawn.Process(
+        target=hold_lease_and_die,
+        args=(redis_url, limiter.name, 2.0, ready),
+        kwargs={"config": limiter.config},
+    )
     worker.start()
     assert ready.wait(30)
     os.kill(worker.pid, signal.SIGKILL)

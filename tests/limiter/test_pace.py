@@ -38,7 +38,7 @@ def test_grants_within_window_bound_across_processes(
     limiter = make_limiter(config)
     per_process = 30
     reports = take_in_processes(
-        spawn, taker, redis_url, limiter.name, per_process, weight, PROCESSES
+        spawn, taker, redis_url, limiter.name, per_process, weight, PROCESSES, config=config
     )
     grants = [g for _, gs, _ in reports for g in gs]
     slots = [g[0] for g in grants]

@@ -24,7 +24,9 @@ def test_grants_fit_every_window_across_processes(make_limiter, redis_url, spawn
     config = LimiterConfig(rate=200.0, burst=10, windows=(Window(40.0, 0.5, 8),))
     limiter = make_limiter(config)
     per_process = 15
-    reports = take_in_processes(spawn, taker, redis_url, limiter.name, per_process, 1, PROCESSES)
+    reports = take_in_processes(
+        spawn, taker, redis_url, limiter.name, per_process, 1, PROCESSES, config=config
+    )
     slots = [g[0] for _, grants, _ in reports for g in grants]
     # expect: every grant, and both bounds over every window
     assert len(slots) == PROCESSES * per_process

@@ -1,4 +1,8 @@
-"""Process bodies for the multi-process limiter tests (importable, so spawn can run them)."""
+"""Process bodies for the multi-process limiter tests (importable, so spawn can run them).
+
+Each takes the limiter's config, as a worker does: a bucket left unused expires
+(docs/limiter.md, T2), and a process started slowly on a loaded machine may be the one that
+configures it again."""
 
 from __future__ import annotations
 
@@ -7,14 +11,21 @@ import time
 
 import redis
 
-from ratejobs.limiter import Limiter
+from ratejobs.limiter import Limiter, LimiterConfig
 
 
 def take_grants(
-    redis_url: str, name: str, count: int, weight: int, barrier, results, hold: float = 0.0
+    redis_url: str,
+    name: str,
+    count: int,
+    weight: int,
+    barrier,
+    results,
+    hold: float = 0.0,
+    config: LimiterConfig | None = None,
 ) -> None:
     """Take `count` grants one after another; report (slot_us, granted_us, weight, generation)."""
-    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    limiter = Limiter(redis.Redis.from_url(redis_url), name, config)
     barrier.wait()
     grants = []
     for _ in range(count):
@@ -35,10 +46,11 @@ def take_grants_in_batches(
     results,
     hold: float = 0.0,
     batch: int = 8,
+    config: LimiterConfig | None = None,
 ) -> None:
     """take_grants through acquire_many: batches of `batch`, each grant confirmed right before
     it counts as sent, the whole batch released in one call."""
-    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    limiter = Limiter(redis.Redis.from_url(redis_url), name, config)
     barrier.wait()
     grants = []
     while len(grants) < count:
@@ -52,9 +64,11 @@ def take_grants_in_batches(
     results.put((os.getpid(), grants, limiter.round_trips))
 
 
-def take_grants_until(redis_url: str, name: str, seconds: float, barrier, results) -> None:
+def take_grants_until(
+    redis_url: str, name: str, seconds: float, barrier, results, config: LimiterConfig | None = None
+) -> None:
     """Take grants for `seconds`; report (slot_us, granted_us) of each."""
-    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    limiter = Limiter(redis.Redis.from_url(redis_url), name, config)
     barrier.wait()
     deadline = time.monotonic() + seconds
     grants = []
@@ -66,10 +80,16 @@ def take_grants_until(redis_url: str, name: str, seconds: float, barrier, result
 
 
 def take_batches_until(
-    redis_url: str, name: str, seconds: float, barrier, results, batch: int = 8
+    redis_url: str,
+    name: str,
+    seconds: float,
+    barrier,
+    results,
+    batch: int = 8,
+    config: LimiterConfig | None = None,
 ) -> None:
     """take_grants_until through acquire_many, confirm and release_many."""
-    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    limiter = Limiter(redis.Redis.from_url(redis_url), name, config)
     barrier.wait()
     deadline = time.monotonic() + seconds
     grants = []
@@ -82,9 +102,11 @@ def take_batches_until(
     results.put((os.getpid(), grants, limiter.round_trips))
 
 
-def hold_lease_and_die(redis_url: str, name: str, lease_seconds: float, ready) -> None:
+def hold_lease_and_die(
+    redis_url: str, name: str, lease_seconds: float, ready, config: LimiterConfig | None = None
+) -> None:
     """Take a lease and die without releasing it, as a worker killed with -9 does."""
-    limiter = Limiter(redis.Redis.from_url(redis_url), name)
+    limiter = Limiter(redis.Redis.from_url(redis_url), name, config)
     limiter.acquire(lease_seconds=lease_seconds)
     ready.set()
     time.sleep(3600)
