@@ -353,6 +353,11 @@ class Call(models.Model):
     cost_used = models.PositiveIntegerField(
         null=True, blank=True, help_text="cost the last response reported; null: none reported"
     )
+    # A limiter slot beyond the worker's wait kept for this call (its place in line, so that
+    # smaller calls cannot take the units it waits for): the limiter's name, the lease id, the
+    # slot and what confirming it needs. The next attempt confirms it; null: none. Lost with
+    # Redis, it only means the call asks again.
+    reservation = models.JSONField(null=True, blank=True, editable=False)
     created = models.DateTimeField(auto_now_add=True)
     started = models.DateTimeField(null=True, blank=True)
     finished = models.DateTimeField(null=True, blank=True)
@@ -388,6 +393,14 @@ class Call(models.Model):
                 fields=["job"],
                 condition=Q(status="pending", dispatched_at__isnull=False),
                 name="call_in_window",
+            ),
+            # calls back from the database to confirm a kept place, dispatched before the others
+            models.Index(
+                fields=["job", "next_attempt_at"],
+                condition=Q(
+                    status="pending", dispatched_at__isnull=True, reservation__isnull=False
+                ),
+                name="call_kept_place",
             ),
             # what the reconciler looks for: calls in the broker or running
             models.Index(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import requests
 
@@ -22,7 +22,15 @@ from ratejobs.execution.http import (
 from ratejobs.execution.outcome import Decision, DecisionKind, classify, classify_unexpected
 from ratejobs.execution.request import HttpRequest
 from ratejobs.execution.urls import redact_url
-from ratejobs.limiter import Feedback, Grant, Limiter, LimiterError, LimiterUnavailable, WaitTooLong
+from ratejobs.limiter import (
+    Feedback,
+    Grant,
+    Limiter,
+    LimiterError,
+    LimiterUnavailable,
+    TooBig,
+    WaitTooLong,
+)
 from ratejobs.limiter.config import is_positive_number
 
 logger = logging.getLogger(__name__)
@@ -109,6 +117,9 @@ class Outcome:
     lease: Grant | None = None
     # What the response said the call cost (cost_header / cost_json_field); None: not said.
     cost_used: int | None = None
+    # A slot further away than max_wait, reserved for this call (keep_place): hand it back to
+    # execute_call as `reserved` when the call runs again, max_wait before it (retry_after).
+    place: Grant | None = None
 
     @property
     def kind(self) -> OutcomeKind:
@@ -141,6 +152,7 @@ def execute_call(
     return_lease: bool = True,
     reserved: Grant | None = None,
     cost: int = 0,
+    keep_place: bool = False,
 ) -> Outcome:
     """Run attempt number `attempts` (1-based, throttled attempts not counted) of a call.
 
@@ -157,6 +169,10 @@ def execute_call(
     `cost` is what the call is expected to cost in the limiter's cost windows (reserved slots
     carry the cost they were reserved with); when the response reports another (the policy's
     cost_header or cost_json_field), the limiter is settled to it and Outcome.cost_used says it.
+    With `keep_place`, a slot beyond max_wait is reserved all the same when the limiter keeps
+    the place (a large cost would otherwise wait for ever behind smaller ones): kind "wait",
+    the reservation in Outcome.place, retry_after max_wait before its slot. A cost (or weight)
+    larger than a window's burst fails at once: no wait makes room for it.
     """
     if not (isinstance(max_wait, int | float) and max_wait >= 0):
         raise ValueError("max_wait must be a number of seconds >= 0")
@@ -164,7 +180,7 @@ def execute_call(
         return _attempt(
             request, limiter=limiter, session=session, policy=policy, attempts=attempts,
             throttled_retries=throttled_retries, max_wait=max_wait, weight=weight, rng=rng,
-            return_lease=return_lease, reserved=reserved, cost=cost,
+            return_lease=return_lease, reserved=reserved, cost=cost, keep_place=keep_place,
         )  # fmt: skip
     except Exception as exc:  # every error must end as a recorded attempt, never a loop
         decision = classify_unexpected(
@@ -193,16 +209,39 @@ def _attempt(
     return_lease: bool,
     reserved: Grant | None,
     cost: int,
+    keep_place: bool,
 ) -> Outcome:
     started = time.monotonic()
     try:
         if reserved is not None:
-            grant = limiter.confirm(reserved, max_wait=max_wait)
+            grant = limiter.confirm(reserved, max_wait=max_wait, keep_place=keep_place)
         else:
             grant = limiter.acquire(
-                weight, cost=cost, max_wait=max_wait, lease_seconds=policy.lease_seconds
+                weight,
+                cost=cost,
+                max_wait=max_wait,
+                lease_seconds=policy.lease_seconds,
+                keep_place=keep_place,
             )
+    except TooBig as exc:
+        decision = Decision("failed", error=f"can never be sent, whatever the wait: {exc}")
+        return outcome_without_response(
+            decision, time.monotonic() - started, attempts, throttled_retries
+        )
     except WaitTooLong as exc:
+        if exc.place is not None:
+            # Back max_wait before the slot, so that the next attempt is there to confirm it
+            # whatever the way back through the database and the broker takes.
+            decision = Decision(
+                "wait",
+                retry_after=max(0.0, exc.retry_after - max_wait),
+                error=f"next slot of limiter {limiter.name!r} is {exc.retry_after:.3f}s away, "
+                f"beyond max_wait {max_wait}s; its place is kept, nothing sent yet",
+            )
+            outcome = outcome_without_response(
+                decision, time.monotonic() - started, attempts, throttled_retries
+            )
+            return replace(outcome, place=exc.place)
         if exc.at_capacity:
             # Due again at once: the dispatcher sends it back when a place is free (it keeps
             # a capped API's calls in the broker within its cap), never at a lease's expiry.

@@ -17,6 +17,7 @@ from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
     LimiterUnavailable,
+    TooBig,
     WaitTooLong,
 )
 from ratejobs.limiter.sync import Limiter
@@ -34,6 +35,7 @@ __all__ = [
     "LimiterState",
     "LimiterUnavailable",
     "RateSample",
+    "TooBig",
     "WaitTooLong",
     "Window",
     "WindowState",

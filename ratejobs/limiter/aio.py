@@ -43,11 +43,14 @@ class AsyncLimiter(LimiterBase):
         max_wait: float | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         cost: int = 0,
+        keep_place: bool = False,
     ) -> Grant:
         lease_id = new_lease_id()
         try:
             return await self._run(
-                self._acquire_steps(lease_id, weight, max_wait, lease_seconds, cost=cost)
+                self._acquire_steps(
+                    lease_id, weight, max_wait, lease_seconds, cost=cost, keep_place=keep_place
+                )
             )
         except (WaitTooLong, LimiterUnavailable, ValueError):
             raise
@@ -72,11 +75,13 @@ class AsyncLimiter(LimiterBase):
             self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs)
         )
 
-    async def confirm(self, grant: Grant, *, max_wait: float | None = None) -> Grant:
+    async def confirm(
+        self, grant: Grant, *, max_wait: float | None = None, keep_place: bool = False
+    ) -> Grant:
         try:
-            return await self._run(self._confirm_steps(grant, max_wait))
+            return await self._run(self._confirm_steps(grant, max_wait, keep_place))
         except WaitTooLong:
-            raise  # acquire.lua gave the lease back when it answered TOO_LONG
+            raise  # TOO_LONG gave the lease back; a kept place (exc.place) holds it
         except BaseException:
             # The reservation's lease is held whatever stopped the confirm (limits shrunk below
             # its weight or cost, Redis gone, a signal): on an API with an in-flight cap it

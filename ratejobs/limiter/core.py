@@ -19,6 +19,7 @@ from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
     LimiterUnavailable,
+    TooBig,
     WaitTooLong,
 )
 
@@ -30,6 +31,10 @@ DEFAULT_LEASE_SECONDS = 120.0
 # Sleepers wake at least this often to re-confirm, so a raised rate or a cleared block reaches
 # callers that reserved a distant slot under the old limits.
 MAX_SLEEP_SECONDS = 1.0
+# A holder confirms its reservation this long before its slot, and acquire.lua grants it up to
+# 5 ms early (prelude's CONFIRM_AHEAD_US), so the request leaves at its slot and not a round
+# trip later: a sleep overshoots by a fraction of a millisecond, a round trip takes about one.
+CONFIRM_AHEAD_SECONDS = 0.002
 # Callers waiting for in-flight capacity are woken by releases; this bounds the wait when a
 # lease expires instead (a killed worker) and must stay below the client's socket timeout.
 MAX_CAPACITY_WAIT_SECONDS = 0.5
@@ -51,6 +56,8 @@ RATE_SAMPLES_KEPT = 10_800
 # it is read again: the two drift apart by NTP's slew at most (500 ppm, 30 ms a minute), far
 # less than the whole seconds of a reset header. A grant's reply carries a reading for free.
 CLOCK_READING_MAX_AGE = 60.0
+# The code acquire.lua's error reply starts with for a request larger than a burst (too_big).
+TOO_BIG_CODE = "TOOBIG "
 # The keys of a limiter that hold live state, which a reset forgets; its config stays.
 LIVE_KEY_PARTS = ("state", "leases", "released", "heads", "rates")
 
@@ -71,7 +78,7 @@ class Grant:
     lease_id: str
     weight: int
     slot_us: int  # the slot granted, on Redis's clock
-    granted_us: int  # Redis's clock when the grant was confirmed (>= slot_us when ready)
+    granted_us: int  # Redis's clock when it was granted or reserved (>= slot_us when ready)
     generation: int  # report a throttle with it, so one burst of 429s counts once
     waited: float  # seconds the caller spent waiting for it
     requeued: int = 0  # reservations made again (a block, a rate cut, a holder a slot late)
@@ -259,6 +266,8 @@ def translate_redis_errors(name: str) -> Iterator[None]:
     except redis.exceptions.OutOfMemoryError as exc:
         raise LimiterUnavailable(f"limiter {name!r}: Redis is out of memory: {exc}") from exc
     except redis.ResponseError as exc:
+        if str(exc).startswith(TOO_BIG_CODE):
+            raise TooBig(f"limiter {name!r}: {str(exc)[len(TOO_BIG_CODE) :]}") from exc
         raise LimiterError(f"limiter {name!r}: {exc}") from exc
     except redis.RedisError as exc:
         raise LimiterUnavailable(f"limiter {name!r}: Redis unreachable: {exc}") from exc
@@ -342,14 +351,14 @@ class LimiterBase:
         if not isinstance(weight, int) or isinstance(weight, bool) or weight < 1:
             raise ValueError("weight must be a whole number >= 1")
         if self.config is not None and weight > self.config.burst:
-            raise ValueError(f"weight {weight} exceeds burst {self.config.burst}")
+            raise TooBig(f"weight {weight} exceeds burst {self.config.burst}")
 
     def _check_cost(self, cost: int) -> None:
         if not isinstance(cost, int) or isinstance(cost, bool) or not 0 <= cost <= MAX_COST:
             raise ValueError(f"cost must be a whole number from 0 to {MAX_COST:,}")
         largest = None if self.config is None else self.config.max_cost
         if largest is not None and cost > largest:
-            raise ValueError(f"cost {cost} exceeds the smallest cost window's burst {largest}")
+            raise TooBig(f"cost {cost} exceeds the smallest cost window's burst {largest}")
 
     def _acquire_steps(
         self,
@@ -363,14 +372,19 @@ class LimiterBase:
         waited_before: float = 0.0,
         cost: int = 0,
         cost_seq: int = -1,
+        keep_place: bool = False,
     ) -> Steps:
         """Reserve and confirm a slot; or, given held_slot and held_generation (a reservation
-        made by acquire_many), only confirm that one, queueing again if it went stale."""
+        made by acquire_many, or a place kept before), only confirm that one, queueing again
+        if it went stale. With keep_place, a slot beyond max_wait is reserved all the same
+        (when acquire.lua keeps the place) and raised as WaitTooLong.place, as is a held one
+        still further away than max_wait."""
         self._check_weight(weight)
         self._check_cost(cost)
         started = time.monotonic()  # max_wait counts from here
         requeued = 0
         while True:
+            wait_left_us = _wait_left_us(max_wait, started)
             reply = yield RunScript(
                 "acquire",
                 self.keys,
@@ -378,27 +392,31 @@ class LimiterBase:
                     weight,
                     lease_id,
                     int(lease_seconds * MICROS),
-                    _wait_left_us(max_wait, started),
+                    wait_left_us,
                     held_slot,
                     held_generation,
                     self._config_version(),
                     cost,
                     cost_seq if held_slot >= 0 else -1,
                     *self._history_args,
+                    1 if keep_place else 0,
                 ],
             )
             code, wait_us, slot_us, generation, now_us, seq = (int(x) for x in reply)
-            self._read_clock(now_us, time.monotonic())
+            received = time.monotonic()
+            self._read_clock(now_us, received)
             if seq >= 0:
                 cost_seq = seq
             if held_slot >= 0 and slot_us != held_slot:
                 requeued += 1
             if code == GRANTED:
+                if wait_us > 0:  # confirmed ahead of its slot: leave at the slot
+                    yield Sleep(wait_us / MICROS)
                 return Grant(
                     lease_id=lease_id,
                     weight=weight,
                     slot_us=slot_us,
-                    granted_us=now_us,
+                    granted_us=max(now_us, slot_us),
                     generation=generation,
                     waited=waited_before + time.monotonic() - started,
                     requeued=requeued,
@@ -406,9 +424,26 @@ class LimiterBase:
                     cost=cost,
                     cost_seq=cost_seq,
                 )
+            if code == WAIT and keep_place and 0 <= wait_left_us < wait_us:
+                place = Grant(
+                    lease_id=lease_id,
+                    weight=weight,
+                    slot_us=slot_us,
+                    granted_us=now_us,
+                    generation=generation,
+                    waited=waited_before + received - started,
+                    requeued=requeued,
+                    ready=False,
+                    due=received + wait_us / MICROS,
+                    lease_seconds=lease_seconds,
+                    cost=cost,
+                    cost_seq=cost_seq,
+                )
+                raise WaitTooLong(wait_us / MICROS, place=place)
             if code == WAIT:
                 held_slot, held_generation = slot_us, generation
-                yield Sleep(min(wait_us / MICROS, MAX_SLEEP_SECONDS))
+                ahead = wait_us / MICROS - CONFIRM_AHEAD_SECONDS
+                yield Sleep(max(0.0, min(ahead, MAX_SLEEP_SECONDS)))
             elif code == TOO_LONG:
                 raise WaitTooLong(wait_us / MICROS)
             elif code == AT_CAPACITY:
@@ -493,11 +528,15 @@ class LimiterBase:
             retry_after = max(hint_us, 0) / MICROS if code != GRANTED else 0.0
             return GrantBatch(grants, requested=count, retry_after=retry_after, now_us=now_us)
 
-    def _confirm_steps(self, grant: Grant, max_wait: float | None) -> Steps:
+    def _confirm_steps(
+        self, grant: Grant, max_wait: float | None, keep_place: bool = False
+    ) -> Steps:
         if grant.ready:
             return grant
-        delay = grant.due - time.monotonic()
-        if delay > 0:
+        delay = grant.due - CONFIRM_AHEAD_SECONDS - time.monotonic()
+        # A kept place still beyond max_wait goes straight back to acquire.lua, which says so.
+        handed_back = keep_place and max_wait is not None and delay > max_wait
+        if delay > 0 and not handed_back:
             # Wake at least every MAX_SLEEP_SECONDS, as acquire does; acquire.lua says how much
             # of the wait is left.
             yield Sleep(min(delay, MAX_SLEEP_SECONDS))
@@ -514,6 +553,7 @@ class LimiterBase:
                 waited_before=grant.waited + max(0.0, time.monotonic() - answered),
                 cost=grant.cost,
                 cost_seq=grant.cost_seq,
+                keep_place=keep_place,
             )
         )
 

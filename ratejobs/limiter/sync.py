@@ -48,12 +48,20 @@ class Limiter(LimiterBase):
         max_wait: float | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         cost: int = 0,
+        keep_place: bool = False,
     ) -> Grant:
-        """Wait for a slot and an in-flight lease; raise WaitTooLong past max_wait seconds."""
+        """Wait for a slot and an in-flight lease; raise WaitTooLong past max_wait seconds.
+
+        With keep_place, a slot past max_wait is reserved all the same when it is within four
+        times the time the request's own units take to refill beyond max_wait (a large cost would
+        otherwise wait for ever behind smaller ones): WaitTooLong.place holds it, to pass to
+        confirm() when it comes. A place nobody confirms is wasted, and its lease expires."""
         lease_id = new_lease_id()
         try:
             return self._run(
-                self._acquire_steps(lease_id, weight, max_wait, lease_seconds, cost=cost)
+                self._acquire_steps(
+                    lease_id, weight, max_wait, lease_seconds, cost=cost, keep_place=keep_place
+                )
             )
         except (WaitTooLong, LimiterUnavailable, ValueError):
             raise
@@ -85,16 +93,19 @@ class Limiter(LimiterBase):
         """
         return self._run(self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs))
 
-    def confirm(self, grant: Grant, *, max_wait: float | None = None) -> Grant:
+    def confirm(
+        self, grant: Grant, *, max_wait: float | None = None, keep_place: bool = False
+    ) -> Grant:
         """Sleep until a reserved grant's slot, then confirm it in Redis as acquire does: a
         block, a rate cut or new limits since the reservation put it back in the queue (under
         the same lease), and max_wait bounds that extra wait (WaitTooLong frees the lease).
-        A ready grant comes back at once, with no round trip.
+        A ready grant comes back at once, with no round trip. With keep_place, a place still
+        further away than max_wait (or made again so) comes back as WaitTooLong.place.
         """
         try:
-            return self._run(self._confirm_steps(grant, max_wait))
+            return self._run(self._confirm_steps(grant, max_wait, keep_place))
         except WaitTooLong:
-            raise  # acquire.lua gave the lease back when it answered TOO_LONG
+            raise  # TOO_LONG gave the lease back; a kept place (exc.place) holds it
         except BaseException:
             # The reservation's lease is held whatever stopped the confirm (limits shrunk below
             # its weight or cost, Redis gone, a signal): on an API with an in-flight cap it

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
@@ -140,8 +141,45 @@ def calls_claim(
     claims = []
     for call in calls:
         call.job = job
-        claims.append(Claimed(call, token, contexts[call_credential_key(call, job)]))
+        context = contexts[call_credential_key(call, job)]
+        kept = call_kept_place(call, context.limiter.name)
+        claims.append(Claimed(call, token, context, reserved=kept))
     return claims
+
+
+def call_kept_place(call: Call, limiter_name: str) -> Grant | None:
+    """The limiter slot kept for `call` by its last attempt (Outcome.place), to be confirmed
+    rather than a new one taken; None when it has none, or one of another bucket."""
+    kept = call.reservation
+    if not kept or kept.get("limiter") != limiter_name:
+        return None
+    return Grant(
+        lease_id=kept["lease"],
+        weight=kept["weight"],
+        slot_us=kept["slot_us"],
+        granted_us=kept["slot_us"],
+        generation=kept["generation"],
+        waited=0.0,
+        ready=False,
+        # the limiter's reply says how far the slot still is: ask at once
+        due=time.monotonic(),
+        lease_seconds=kept["lease_seconds"],
+        cost=kept["cost"],
+        cost_seq=kept["cost_seq"],
+    )
+
+
+def _kept_place_fields(place: Grant, limiter_name: str) -> dict:
+    return {
+        "limiter": limiter_name,
+        "lease": place.lease_id,
+        "weight": place.weight,
+        "slot_us": place.slot_us,
+        "generation": place.generation,
+        "lease_seconds": place.lease_seconds,
+        "cost": place.cost,
+        "cost_seq": place.cost_seq,
+    }
 
 
 def call_credential_key(call: Call, job: Job) -> str:
@@ -157,11 +195,15 @@ def calls_reserve_slots(claims: list[Claimed]) -> list[Claimed]:
     own thread, woken by the release, never the claiming thread."""
     if not claims or claims[0].call.job.api.max_concurrency:
         return claims
-    # Calls naming credential keys go by limiter: one acquire_many per bucket.
+    # Calls naming credential keys go by limiter: one acquire_many per bucket. A call with a
+    # kept place confirms that one.
     groups: dict[str, list[Claimed]] = defaultdict(list)
-    for item in claims:
-        groups[item.context.limiter.name].append(item)
     reserved: list[Claimed] = []
+    for item in claims:
+        if item.reserved is not None:
+            reserved.append(item)
+        else:
+            groups[item.context.limiter.name].append(item)
     unreserved: list[Claimed] = []
     for group in groups.values():
         done = _reserve_group(group)
@@ -291,6 +333,8 @@ def call_attempt(claimed: Claimed) -> Outcome:
         return_lease=bool(api.max_concurrency),
         reserved=claimed.reserved,
         cost=call.cost,
+        # a call whose slot is beyond the wait keeps it and comes back for it (Outcome.place)
+        keep_place=True,
     )
 
 
@@ -342,7 +386,7 @@ def calls_record_outcomes(finished: list[Finished]) -> int:
             kind = outcome.kind
             if kind not in ("succeeded", "failed") and job_status[call.job_id] == "cancelled":
                 kind = "cancelled"
-            fields = _outcome_fields(outcome, kind, now)
+            fields = _outcome_fields(outcome, kind, now, item.claimed.context.limiter.name)
             rows[tuple(sorted(fields))].append({**fields, "id": call.pk})
             job_counters = counters[call.job_id]
             if kind in Call.FINAL:
@@ -370,7 +414,13 @@ def calls_record_outcomes(finished: list[Finished]) -> int:
         transaction.on_commit(lambda: [request_dispatch(api_id) for api_id in sorted(api_ids)])
     for item, kinds in throttle_logs:
         _log_throttle_decision(item.claimed.call, item.outcome, kinds)
-    _return_leases(finished)
+    kept = {
+        item.outcome.place.lease_id
+        for item in owned
+        if item.outcome.place is not None and item.outcome.kind not in Call.FINAL
+        and job_status[item.claimed.call.job_id] != "cancelled"
+    }  # fmt: skip
+    _return_leases(finished, kept=kept)
     return len(owned)
 
 
@@ -391,16 +441,20 @@ def _update_calls(names: tuple[str, ...], rows: list[dict]) -> None:
         cursor.executemany(sql, params)
 
 
-def _return_leases(finished: list[Finished]) -> None:
-    """Return the leases the attempts handed back, one round trip per limiter (an API's own,
+def _return_leases(finished: list[Finished], *, kept: set[str]) -> None:
+    """Return the leases the attempts handed back, and those of places not kept (`kept`: the
+    lease ids of the places written to their calls), one round trip per limiter (an API's own,
     or a credential key's bucket); a lease not returned expires by itself."""
     by_limiter: dict[str, list] = defaultdict(list)
     limiters: dict[str, Limiter] = {}
     for item in finished:
-        if item.outcome.lease is not None:
-            limiter = item.claimed.context.limiter
-            limiters[limiter.name] = limiter
-            by_limiter[limiter.name].append(item.outcome.lease)
+        place = item.outcome.place
+        dropped = place if place is not None and place.lease_id not in kept else None
+        for lease in (item.outcome.lease, dropped):
+            if lease is not None:
+                limiter = item.claimed.context.limiter
+                limiters[limiter.name] = limiter
+                by_limiter[limiter.name].append(lease)
     for name, leases in by_limiter.items():
         try:
             limiters[name].release_many(leases)
@@ -408,7 +462,8 @@ def _return_leases(finished: list[Finished]) -> None:
             logger.warning("limiter %r: %d leases not returned: %s", name, len(leases), exc)
 
 
-def _outcome_fields(outcome: Outcome, kind: str, now) -> dict:
+def _outcome_fields(outcome: Outcome, kind: str, now, limiter_name: str) -> dict:
+    place = outcome.place if kind not in Call.FINAL else None
     fields: dict = {
         "claim_token": "",
         "claim_owner": "",
@@ -417,6 +472,8 @@ def _outcome_fields(outcome: Outcome, kind: str, now) -> dict:
         "attempts": outcome.attempts,
         "throttled_count": outcome.throttled_retries,
         "error": outcome.error,
+        # an attempt uses up the place it had: it was confirmed, or kept again (a new one)
+        "reservation": _kept_place_fields(place, limiter_name) if place is not None else None,
     }
     result = outcome.result
     if result is not None:  # a call with no response this time keeps the last one it had

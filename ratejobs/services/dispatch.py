@@ -119,14 +119,7 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
         if not jobs:
             return DispatchResult(0, _next_start(api_id, now))
         due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
-        candidates = {
-            job.pk: deque(
-                job.calls.filter(due, status=Call.Status.PENDING, dispatched_at__isnull=True)
-                .order_by("index")
-                .values_list("pk", flat=True)[:free]
-            )
-            for job in jobs
-        }
+        candidates = {job.pk: _candidates(job, due, free) for job in jobs}
         chosen = _share_fairly(jobs, candidates, free)
         call_ids = [call_id for ids in chosen.values() for call_id in ids]
         if call_ids:
@@ -160,6 +153,21 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
     if starts is not None and (next_due is None or starts < next_due):
         next_due = starts
     return DispatchResult(len(call_ids), next_due)
+
+
+def _candidates(job: Job, due: Q, free: int) -> deque[int]:
+    """Up to `free` of the job's due calls waiting in the database, in the order they should
+    go: first those coming back to confirm a kept limiter place (its slot is near and passes
+    unused if they are late), then the others by index."""
+    waiting = job.calls.filter(due, status=Call.Status.PENDING, dispatched_at__isnull=True)
+    kept = list(
+        waiting.filter(reservation__isnull=False)
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:free]
+    )
+    others = waiting.order_by("index").values_list("pk", flat=True)[: free + len(kept)]
+    first = set(kept)
+    return deque((kept + [pk for pk in others if pk not in first])[:free])
 
 
 def _next_start(api_id: int, now: datetime) -> datetime | None:

@@ -22,14 +22,21 @@ ARGV[9] cost_seq of the reservation being confirmed (its reply's), -1 when askin
         to the cost windows before a new one is made (prelude's give_back)
 ARGV[10] rate history: µs between samples taken at grants; absent: nothing is sampled
 ARGV[11] rate history: samples kept (the newest); absent: nothing is sampled
+ARGV[12] 1: keep the place: a slot further away than ARGV[4] is reserved all the same (WAIT)
+        when it is within prelude's keeps_place bound, for a caller that hands the
+        reservation on and confirms it when its slot comes; absent or 0: TOO_LONG as ever
 
 Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
-  0 GRANTED         send now; slot_us is the granted slot (<= now_us)
+  0 GRANTED         send at slot_us, the granted slot: now (slot_us <= now_us), or, for a
+                    reservation confirmed up to prelude's CONFIRM_AHEAD_US early, after
+                    sleeping wait_us
   1 WAIT            a slot is reserved at slot_us; sleep wait_us, then call again passing slot
                     and generation to confirm it right before sending (blocks and rate cuts
                     that came meanwhile are checked then; a holder more than one slot late
                     gets a new reservation)
-  2 TOO_LONG        the earliest slot is wait_us away, more than ARGV[4]; nothing is held
+                    (with ARGV[12], wait_us may exceed ARGV[4]: the place is kept)
+  2 TOO_LONG        the earliest slot is wait_us away, more than ARGV[4] (and, with ARGV[12],
+                    beyond the place it may keep); nothing is held
   3 AT_CAPACITY     max_concurrency leases are out; the earliest expires in wait_us
   4 NOT_CONFIGURED  there is no config hash, or it is older than the caller's version; nothing
                     changed
@@ -64,12 +71,12 @@ local interval = interval_us(cfg, current_rate(cfg, st, now))
 local bucket = {KEYS[1], KEYS[2], KEYS[3]}
 
 if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
-  if now >= held_slot then
+  if now >= held_slot - CONFIRM_AHEAD_US then
     grant_slot(KEYS, cfg, st, now, lease_id, ttl, held_slot, weight, interval, cost)
     store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
     store_windows(KEYS[2], st, now)
     renew_bucket(bucket, cfg, st, now, now + ttl, KEYS[5])
-    return {0, 0, held_slot, st.generation, now, -1}
+    return {0, math.max(0, held_slot - now), held_slot, st.generation, now, -1}
   end
   return {1, held_slot - now, held_slot, st.generation, now, -1}
 end
@@ -80,7 +87,8 @@ end
 
 local wait = next_slot_offset(cfg, st, now, weight, interval, cost)
 local slot = now + wait
-if max_wait >= 0 and wait > max_wait then
+if max_wait >= 0 and wait > max_wait
+    and not keeps_place(cfg, ARGV[12] == '1', weight, cost, interval, wait, max_wait) then
   wake_waiters(cfg, KEYS[4], redis.call('ZREM', KEYS[3], lease_id))
   count(KEYS[2], 'too_long')
   renew_bucket(bucket, cfg, st, now, 0, KEYS[5])

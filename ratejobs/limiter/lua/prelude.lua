@@ -478,18 +478,42 @@ local function next_slot_offset(cfg, st, now, weight, interval, cost)
 end
 
 -- Why a request of `weight` and `cost` can never be granted (more than some burst), or nil.
+-- The reply starts with the error code TOOBIG, by which callers tell it from a Redis failure:
+-- no wait and no retry makes room for it (P3).
 local function too_big(cfg, weight, cost)
   if weight > cfg.burst then
-    return 'weight ' .. weight .. ' exceeds burst ' .. cfg.burst
+    return 'TOOBIG weight ' .. weight .. ' exceeds burst ' .. cfg.burst
   end
   for _, win in ipairs(cfg.windows) do
     local units = window_units(win, weight, cost)
     if units > win.burst then
-      return (win.cost and 'cost ' or 'weight ') .. units .. ' exceeds the burst ' .. win.burst
-        .. ' of window ' .. win.rate .. '/' .. win.period .. 's'
+      return 'TOOBIG ' .. (win.cost and 'cost ' or 'weight ') .. units .. ' exceeds the burst '
+        .. win.burst .. ' of window ' .. win.rate .. '/' .. win.period .. 's'
     end
   end
   return nil
+end
+
+-- A request whose slot is further than the caller waits keeps it anyway (the caller asked to,
+-- and comes back to confirm it) when the slot is within KEEP_PLACE_SPANS times the time its
+-- own units take to refill beyond that wait. Otherwise a large request starves: it fits only
+-- when a window is nearly full, and smaller ones keep taking what refills within their wait.
+-- Reserved, its units are taken at the slot and later requests queue behind it (P5).
+-- Waiting behind the horizon of smaller calls costs at most its own refill time, so one span
+-- would do with no other kept place ahead; four let it queue behind three as large as itself
+-- (a job's large calls come to the window together), while the schedule held for callers that
+-- are away stays a few refill times long: what holders that never come back can waste.
+local KEEP_PLACE_SPANS = 4
+
+local function keeps_place(cfg, keep, weight, cost, interval, wait, max_wait)
+  if not keep then
+    return false
+  end
+  local own = weight * interval
+  for _, win in ipairs(cfg.windows) do
+    own = math.max(own, window_units(win, weight, cost) * win.interval)
+  end
+  return wait <= max_wait + KEEP_PLACE_SPANS * own
 end
 
 
@@ -501,6 +525,14 @@ end
 -- throttle or new config started a new generation since it was made, or the holder comes a
 -- whole slot late (a paused process, a starved core): sent now, its request would land right
 -- beside the next on-time one, so it queues again instead.
+-- A holder may confirm this much before its slot: it is granted the slot and sleeps the rest
+-- itself (acquire.lua's GRANTED with a wait), so its request leaves at the slot rather than a
+-- round trip after it. Confirming at the slot, a holder was always a round trip late, more
+-- than a whole slot at a fast main rate (100 µs at 10,000/s): its reservation never held, and
+-- a kept place (P5) went to the back of the queue at every try. Blocks and rate cuts that come
+-- in these last milliseconds find it already granted, as a grant made just before them.
+local CONFIRM_AHEAD_US = 5000
+
 local function reservation_holds(st, now, held_slot, held_generation, weight, interval)
   return held_slot >= st.blocked_until and held_generation == st.generation
     and now - held_slot < weight * interval
