@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -104,12 +104,14 @@ def start_private_redis(
     logfile: Path | None = None,
     extra_args: Sequence[str] = (),
     port: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> RedisServer:
     """Start a private redis-server on `port` (default: a free one) of 127.0.0.1 that keeps
     nothing on disk.
 
     Foreground (the default) runs it as a child of this process; `daemonize` lets it outlive
-    us, writing its pid to `pidfile`.
+    us, writing its pid to `pidfile`. `env` replaces the server's environment (a preloaded
+    libfaketime that sets its clock).
     """
     if daemonize and pidfile is None:
         raise ValueError("a daemonized server needs a pidfile")
@@ -137,6 +139,7 @@ def start_private_redis(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            env=None if env is None else dict(env),
         )
         url = f"redis://127.0.0.1:{port}/0"
         started = _wait_until_answers(url, process, daemonize)
