@@ -189,3 +189,19 @@ def test_an_expired_key_bucket_is_configured_again_from_the_databases_limits(
     assert [w.window for w in state.windows] == [Window(3.0, 2.0, 3)]
     assert state.counts.grants == 1 and state.counts.waits == 0
     assert reserved.reserved.slot_us <= state.now_us + 1 * MICROS
+
+
+def test_a_limits_change_leaves_the_refund_history_expiring(make_limiter, redis_client):
+    # given a bucket with a cost window and one grant that cost something (a refund entry)
+    cost_window = Window(rate=100.0, period=1.0, burst=10, unit="cost")
+    config = LimiterConfig(rate=5.0, burst=1, windows=(cost_window,), version=1)
+    limiter = make_limiter(config)
+    limiter.acquire(max_wait=0, cost=1)
+    assert redis_client.pttl(limiter.heads_key) > 0
+    # when a window is added
+    requests_window = Window(rate=2.0, period=1.0, burst=1)
+    limiter.configure(
+        LimiterConfig(rate=5.0, burst=1, windows=(requests_window, cost_window), version=2)
+    )
+    # expect: the history still expires (T1: every key a script writes has an expiry)
+    assert redis_client.pttl(limiter.heads_key) != -1

@@ -32,6 +32,7 @@ from ratejobs.limiter import (
     WaitTooLong,
     Window,
 )
+from ratejobs.processes import ci_requires_every_check
 from tests.limiter.conftest import SLOT_ROUNDING_US
 
 MICROS = 1_000_000
@@ -679,8 +680,10 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             bucket = self.bucket(index)
             if self.version < 2 or not client.exists(bucket.limiter.config_key):
                 return  # an expired bucket takes any limits: the next newer caller rewrites
-            stale = Limiter(client, bucket.limiter.name, replace(self.api_config, version=1))
             before = bucket.limiter.state().config_version
+            if before < 2:
+                return  # limits written at next use: the bucket still holds the first version
+            stale = Limiter(client, bucket.limiter.name, replace(self.api_config, version=1))
             assert not self.call(bucket, lambda now: stale.configure(stale.config))
             assert bucket.limiter.state().config_version == before
 
@@ -740,9 +743,7 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
                     assert state.current_rate <= state.rate * (1 + 1e-9)
                     assert state.current_rate >= state.min_rate * (1 - 1e-9)
                 # T1: every key the limiter wrote has an expiry.
-                # The refund history is left out until configure.lua gives it one again
-                # (test_specification_findings.py, xfail).
-                keys = [k for k in bucket.limiter.keys if k != bucket.limiter.heads_key]
+                keys = list(bucket.limiter.keys)
                 pipe = client.pipeline(transaction=False)
                 for key in keys:
                     pipe.pttl(key)
@@ -750,6 +751,9 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
                 assert -1 not in ttls, dict(zip(keys, ttls, strict=True))
 
     SpecificationMachine.TestCase.settings = settings(
+        # CI runs the same 80 sequences each time, so a red build names a change, not a draw;
+        # elsewhere each run explores new ones.
+        derandomize=ci_requires_every_check(),
         max_examples=80,
         report_multiple_bugs=False,
         stateful_step_count=50,

@@ -167,5 +167,5 @@ if changed == 1 then
   end
   new_generation(KEYS[2], st, now)
 end
-renew_bucket({KEYS[1], KEYS[2]}, load_config(KEYS[1]), st, now, 0)
+renew_bucket({KEYS[1], KEYS[2]}, load_config(KEYS[1]), st, now, 0, KEYS[3])
 return {changed, st.generation, now, 0}
