@@ -16,6 +16,8 @@ LEARN_PROBE = 0.002
 LEARN_PRECISE_GRANTS = 50
 LEARN_MIN_SPAN_US = 100_000
 LEARN_BUSY = 0.9
+# How early a holder may confirm its reservation (rule R1): granted, it sleeps the rest.
+CONFIRM_AHEAD_US = 5_000
 
 GRANTED, WAIT, TOO_LONG, AT_CAPACITY, NOT_CONFIGURED = 0, 1, 2, 3, 4
 
@@ -216,8 +218,8 @@ class ReferenceLimiter:
 
         on_time = now - held < weight * interval
         if held >= self.blocked_until and held_gen == self.generation and on_time:
-            if now >= held:
-                return grant(held)
+            if now >= held - CONFIRM_AHEAD_US:
+                return GRANTED, max(0, held - now), *grant(held)[2:]
             return WAIT, held - now, held, self.generation
         tat = self.offset(self.tat, now)
         wait = math.ceil(max(0, self.blocked_until - now, tat - (cfg.burst - weight) * interval))
