@@ -131,7 +131,6 @@ def limiter_state_table(reading: LimiterReading) -> str:
             f"in {seconds_text(state.next_free_in)}" if state.next_free_in else "now",
         ),
         ("in flight", in_flight_text(state)),
-        ("generation", str(state.generation)),
     ]
     return format_html(
         '<table class="rj-state">{}</table>',
