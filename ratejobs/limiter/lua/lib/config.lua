@@ -24,22 +24,25 @@ local CONFIG_FIELDS = {'rate', 'period', 'burst', 'max_concurrency', 'adaptive',
   'decrease_factor', 'recovery_seconds', 'version', 'windows', 'learn'}
 
 local function load_config(key)
-  local v = read_fields(key, CONFIG_FIELDS)
-  if not v.rate then
+  -- named locals in CONFIG_FIELDS' order (see load_state: no table by name per call)
+  local rate, period, burst, max_concurrency, adaptive, min_rate, decrease_factor,
+    recovery_seconds, version, windows, learn =
+    unpack(redis.call('HMGET', key, unpack(CONFIG_FIELDS)))
+  if not rate then
     return nil
   end
   return {
-    windows = parse_windows(v.windows),
-    rate = tonumber(v.rate),
-    period = tonumber(v.period),
-    burst = tonumber(v.burst),
-    max_concurrency = tonumber(v.max_concurrency),
-    adaptive = v.adaptive == '1',
-    min_rate = tonumber(v.min_rate),
-    decrease_factor = tonumber(v.decrease_factor),
-    recovery_seconds = tonumber(v.recovery_seconds),
-    version = tonumber(v.version) or 0,
-    learn = v.learn ~= '0',
+    windows = parse_windows(windows),
+    rate = tonumber(rate),
+    period = tonumber(period),
+    burst = tonumber(burst),
+    max_concurrency = tonumber(max_concurrency),
+    adaptive = adaptive == '1',
+    min_rate = tonumber(min_rate),
+    decrease_factor = tonumber(decrease_factor),
+    recovery_seconds = tonumber(recovery_seconds),
+    version = tonumber(version) or 0,
+    learn = learn ~= '0',
   }
 end
 
