@@ -103,7 +103,7 @@ class LimiterConfig:
     # Every grant must fit each of these too (atomically, in the same script as the main rate).
     windows: tuple[Window, ...] = ()
     # With adaptive: learn the API's real limit from what it accepted around each throttle and
-    # hold just under it (False: plain CUBIC, cut and climb back). See prelude.lua.
+    # hold just under it (False: plain CUBIC, cut and climb back). See lua/lib/adaptive.lua.
     learn: bool = True
 
     def __post_init__(self) -> None:

@@ -32,8 +32,8 @@ DEFAULT_LEASE_SECONDS = 120.0
 # callers that reserved a distant slot under the old limits.
 MAX_SLEEP_SECONDS = 1.0
 # A holder confirms its reservation this long before its slot, and acquire.lua grants it up to
-# 5 ms early (prelude's CONFIRM_AHEAD_US), so the request leaves at its slot and not a round
-# trip later: a sleep overshoots by a fraction of a millisecond, a round trip takes about one.
+# 5 ms early (lib/schedule.lua's CONFIRM_AHEAD_US), so the request leaves at its slot and not a
+# round trip later: a sleep overshoots by a fraction of a millisecond, a round trip takes about one.
 CONFIRM_AHEAD_SECONDS = 0.002
 # Callers waiting for in-flight capacity are woken by releases; this bounds the wait when a
 # lease expires instead (a killed worker) and must stay below the client's socket timeout.
@@ -696,45 +696,55 @@ class LimiterBase:
 
     def _state_steps(self) -> Steps:
         reply = yield RunScript("state", [self.config_key, self.state_key, self.leases_key], [])
+        # state.lua's reply by name; without a config hash only now_us and counts are there.
+        field = _by_name(reply)
         return LimiterState(
             name=self.name,
-            configured=bool(int(reply[0])),
-            now_us=int(reply[1]),
-            rate=float(reply[2]),
-            period=float(reply[3]),
-            burst=int(reply[4]),
-            max_concurrency=int(reply[5]),
-            adaptive=bool(int(reply[6])),
-            min_rate=float(reply[7]),
-            current_rate=float(reply[8]),
-            next_free_us=int(reply[9]),
-            blocked_until_us=int(reply[10]),
-            in_flight=int(reply[11]),
-            generation=int(reply[12]),
-            counts=LimiterCounts(*(int(n) for n in reply[13])),
-            config_version=int(reply[14]),
-            learned_rate=_learned_rate(reply[15] if len(reply) > 15 else None),
-            windows=tuple(_window_state(item) for item in (reply[16] if len(reply) > 16 else [])),
+            configured=bool(int(field["configured"])),
+            now_us=int(field["now_us"]),
+            rate=float(field.get("rate", 0)),
+            period=float(field.get("period", 0)),
+            burst=int(field.get("burst", 0)),
+            max_concurrency=int(field.get("max_concurrency", 0)),
+            adaptive=bool(int(field.get("adaptive", 0))),
+            min_rate=float(field.get("min_rate", 0)),
+            current_rate=float(field.get("current_rate", 0)),
+            next_free_us=int(field.get("next_free_us", 0)),
+            blocked_until_us=int(field.get("blocked_until_us", 0)),
+            in_flight=int(field.get("in_flight", 0)),
+            generation=int(field.get("generation", 0)),
+            counts=LimiterCounts(**{name: int(n) for name, n in _by_name(field["counts"]).items()}),
+            config_version=int(field.get("config_version", 0)),
+            learned_rate=_learned_rate(field.get("learned_rate")),
+            windows=tuple(_window_state(_by_name(item)) for item in field.get("windows", [])),
         )
+
+
+def _by_name(reply: Sequence[Any]) -> dict[str, Any]:
+    """A Lua reply of alternating names and values (as HGETALL's) as a dict."""
+    return {_text(name): value for name, value in zip(reply[::2], reply[1::2], strict=True)}
 
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _window_state(item: Sequence[Any]) -> WindowState:
-    rate, period, burst, unit, remaining, next_free_us, full_us = item
-    unit = _text(unit)
+def _window_state(field: dict[str, Any]) -> WindowState:
     return WindowState(
-        window=Window(rate=float(rate), period=float(period), burst=int(burst), unit=unit),
-        remaining=float(remaining),
-        next_free_in=int(next_free_us) / MICROS,
-        full_in=int(full_us) / MICROS,
+        window=Window(
+            rate=float(field["rate"]),
+            period=float(field["period"]),
+            burst=int(field["burst"]),
+            unit=_text(field["unit"]),
+        ),
+        remaining=float(field["remaining"]),
+        next_free_in=int(field["next_free_in_us"]) / MICROS,
+        full_in=int(field["full_in_us"]) / MICROS,
     )
 
 
 def _rate_sample(member: Any) -> RateSample:
-    """One member of the rate history: "<at_us>:<rate>:<period>:<grants>" (prelude.lua)."""
+    """One member of the rate history: "<at_us>:<rate>:<period>:<grants>" (lib/history.lua)."""
     at_us, rate, period, grants = _text(member).split(":")
     return RateSample(
         at=int(float(at_us)) / MICROS, rate=float(rate), period=float(period), grants=int(grants)

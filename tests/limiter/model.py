@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# prelude.lua's learning constants (the values, not a reading of the Lua).
+# lib/adaptive.lua's learning constants (the values, not a reading of the Lua).
 LEARN_HOLD = 0.98
 LEARN_CLIMB = 2.0
 LEARN_PROBE = 0.002

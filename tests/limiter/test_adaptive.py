@@ -85,7 +85,7 @@ def test_a_throttle_below_the_last_peak_lowers_the_target_of_the_climb(make_limi
 
 def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter, redis_client):
     # given grants taken at the limiter's pace between throttles, spans long enough to measure
-    # (prelude's "Learning the real limit"), every step mirrored by the reference model at
+    # (lib/adaptive.lua, "Learning the real limit"), every step mirrored by the reference model at
     # Redis's own clock
     config = LimiterConfig(rate=100, burst=1, adaptive=True)
     limiter = make_limiter(config)

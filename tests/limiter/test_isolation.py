@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import ratejobs.limiter
+from ratejobs.limiter.scripts import LIBRARY, PRELUDE
 
 LUA_DIR = Path(ratejobs.limiter.__file__).parent / "lua"
 
@@ -24,11 +25,27 @@ def test_limiter_imports_neither_django_nor_celery():
 
 def test_every_script_documents_keys_argv_and_return():
     for path in LUA_DIR.glob("*.lua"):
-        if path.name == "prelude.lua":
-            continue
         header = path.read_text().split("]]", 1)[0]
         assert re.search(r"KEYS\[1\]", header), path.name
         assert "Returns" in header, path.name
+
+
+def test_every_library_file_is_joined_once_and_says_what_it_holds():
+    files = sorted(path.stem for path in (LUA_DIR / "lib").glob("*.lua"))
+    assert sorted(LIBRARY) == files and len(set(LIBRARY)) == len(LIBRARY)
+    for name in LIBRARY:
+        assert (LUA_DIR / "lib" / f"{name}.lua").read_text().startswith(f"--[[\nlib/{name}.lua: ")
+
+
+def test_the_library_uses_each_of_its_names_only_after_defining_it():
+    # given the joined library without its comments: Lua resolves a name defined later as a
+    # global, nil at run time, so a file joined too early fails only on the path that uses it
+    code = re.sub(r"--\[\[.*?\]\]", "", PRELUDE, flags=re.S)
+    code = re.sub(r"--[^\n]*", "", code)
+    defined = re.finditer(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)", code, flags=re.M)
+    for match in defined:
+        first = re.search(rf"\b{match.group(1)}\b", code)
+        assert first.start() >= match.start(), match.group(1)
 
 
 def test_all_keys_of_a_limiter_share_one_hash_tag(redis_client):

@@ -21,10 +21,10 @@ from ratejobs.services.jobs import job_create
 from tests.limiter.conftest import worst_window_excess
 
 HOUR = 3600.0
-# Wake-up tokens for callers waiting for a lease (prelude's RELEASED_KEPT_MS): they matter for
-# a second, so their list keeps a minute whatever the windows.
+# Wake-up tokens for callers waiting for a lease (lib/leases.lua's RELEASED_KEPT_MS): they matter
+# for a second, so their list keeps a minute whatever the windows.
 RELEASED_KEPT = 60.0
-# prelude's LIFETIME_MARGIN_US and RENEW_SLACK_US: past what a bucket must remember, the
+# lib/lifetimes.lua's LIFETIME_MARGIN_US and RENEW_SLACK_US: past what a bucket must remember, the
 # expiry's margin and the slack that spares most calls a renewal (a quarter of a long window)
 MARGIN = 1.0
 SLACK = 1.0

@@ -6,8 +6,8 @@ KEYS[1] config hash
 KEYS[2] state hash
 KEYS[3] leases sorted set (lease id -> expiry, µs)
 KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
-KEYS[5] headroom history of the cost windows (prelude's record_headroom), for settle.lua
-KEYS[6] rate history sorted set (prelude's "Rate history"), sampled as grants are made
+KEYS[5] headroom history of the cost windows (lib/refunds.lua's record_headroom), for settle.lua
+KEYS[6] rate history sorted set (lib/history.lua), sampled as grants are made
 ARGV[1] weight: units this call costs, 1 <= weight <= burst
 ARGV[2] lease id, a random token chosen by the caller
 ARGV[3] lease time-to-live in µs; a lease expires this long after its slot, so a killed
@@ -19,16 +19,16 @@ ARGV[7] the caller's config version (configure.lua's ARGV[9]), 0 when unversione
 ARGV[8] cost: units this call takes from each "cost" window (tokens), >= 0; absent means 0
 ARGV[9] cost_seq of the reservation being confirmed (its reply's), -1 when asking anew: a
         reservation that no longer holds (a block, a holder a slot late) gives its cost back
-        to the cost windows before a new one is made (prelude's give_back)
+        to the cost windows before a new one is made (lib/refunds.lua's give_back)
 ARGV[10] rate history: µs between samples taken at grants; absent: nothing is sampled
 ARGV[11] rate history: samples kept (the newest); absent: nothing is sampled
 ARGV[12] 1: keep the place: a slot further away than ARGV[4] is reserved all the same (WAIT)
-        when it is within prelude's keeps_place bound, for a caller that hands the
+        when it is within lib/schedule.lua's keeps_place bound, for a caller that hands the
         reservation on and confirms it when its slot comes; absent or 0: TOO_LONG as ever
 
 Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
   0 GRANTED         send at slot_us, the granted slot: now (slot_us <= now_us), or, for a
-                    reservation confirmed up to prelude's CONFIRM_AHEAD_US early, after
+                    reservation confirmed up to lib/schedule.lua's CONFIRM_AHEAD_US early, after
                     sleeping wait_us
   1 WAIT            a slot is reserved at slot_us; sleep wait_us, then call again passing slot
                     and generation to confirm it right before sending (blocks and rate cuts
@@ -43,8 +43,8 @@ Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
   cost_seq is the new reservation's number in the cost windows' history (pass it to
   settle.lua), -1 when no reservation was made now or the request takes nothing from them
 Counts grants, new reservations (waits, with their wait), TOO_LONG and AT_CAPACITY answers in
-the state hash (prelude's COUNTERS); a grant samples the rate history when its last sample is
-ARGV[10] old.
+the state hash (lib/state.lua's COUNTERS); a grant samples the rate history when its last
+sample is ARGV[10] old.
 ]]
 
 local cfg = load_config(KEYS[1])

@@ -9,8 +9,8 @@ KEYS[1] config hash
 KEYS[2] state hash
 KEYS[3] leases sorted set (lease id -> expiry, µs)
 KEYS[4] released list (one token per freed lease; callers waiting for capacity BLPOP it)
-KEYS[5] headroom history of the cost windows (prelude's record_headroom), for settle.lua
-KEYS[6] rate history sorted set (prelude's "Rate history"), sampled as grants are made
+KEYS[5] headroom history of the cost windows (lib/refunds.lua's record_headroom), for settle.lua
+KEYS[6] rate history sorted set (lib/history.lua), sampled as grants are made
 ARGV[1] weight of each request, 1 <= weight <= burst
 ARGV[2] count: slots wanted, >= 1
 ARGV[3] lease id prefix, a random token chosen by the caller; slot i's lease is

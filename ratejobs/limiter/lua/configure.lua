@@ -6,7 +6,7 @@ rate but only 10 ms after a change to 100/s).
 
 KEYS[1] config hash
 KEYS[2] state hash
-KEYS[3] headroom history of the cost windows (prelude's record_headroom), converted with them
+KEYS[3] headroom history of the cost windows (lib/refunds.lua), converted with them
 ARGV[1..8] rate, period, burst, max_concurrency, adaptive (0/1), min_rate, decrease_factor,
            recovery_seconds
 ARGV[9]    version of these limits at their source of truth, 0 when unversioned
@@ -15,7 +15,7 @@ ARGV[10]   windows, "rate,period,burst,unit;..." ("" for none). A window is know
            the same period and unit is the k-th of them before). One that stays keeps the units
            it has used, at its new rate and burst; one that is gone is forgotten; a new one
            starts with the units used of the slowest memory that bounds it (new_window_used)
-ARGV[11]   1 when the adaptive rate learns the real limit (prelude's "Learning the real limit"),
+ARGV[11]   1 when the adaptive rate learns the real limit (lib/adaptive.lua),
            0 for plain CUBIC
 
 A configuration older than the stored one (a lower version) is not written: a worker that read
@@ -105,18 +105,17 @@ local function convert_history(heads_key, st, now, old, new, matched)
   end
 end
 
-local fields = {'rate', 'period', 'burst', 'max_concurrency', 'adaptive', 'min_rate',
-  'decrease_factor', 'recovery_seconds', 'version', 'windows', 'learn'}
-local stored = redis.call('HMGET', KEYS[1], unpack(fields))
-if (tonumber(stored[9]) or 0) > tonumber(ARGV[9]) then
+-- ARGV[i] is the value of CONFIG_FIELDS[i] (lib/config.lua).
+local stored = read_fields(KEYS[1], CONFIG_FIELDS)
+if (tonumber(stored.version) or 0) > tonumber(ARGV[9]) then
   local now = now_us()
   return {0, load_state(KEYS[2], now, true).generation, now, 1}
 end
 -- A new version with the same limits is recorded without starting a new generation.
 local changed = 0
 local pairs_to_set = {}
-for i, field in ipairs(fields) do
-  if stored[i] ~= ARGV[i] and field ~= 'version' then
+for i, field in ipairs(CONFIG_FIELDS) do
+  if stored[field] ~= ARGV[i] and field ~= 'version' then
     changed = 1
   end
   pairs_to_set[#pairs_to_set + 1] = field
@@ -124,7 +123,7 @@ for i, field in ipairs(fields) do
 end
 local now = now_us()
 local st = load_state(KEYS[2], now)
-if changed == 0 and stored[9] ~= ARGV[9] then
+if changed == 0 and stored.version ~= ARGV[9] then
   redis.call('HSET', KEYS[1], 'version', ARGV[9])
 end
 if changed == 1 then

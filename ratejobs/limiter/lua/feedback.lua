@@ -4,7 +4,7 @@ quota the headers say is used up) and/or signal throttling (a 429), which cuts t
 
 KEYS[1] config hash
 KEYS[2] state hash
-KEYS[3] rate history sorted set (prelude's "Rate history"): an accepted cut is sampled
+KEYS[3] rate history sorted set (lib/history.lua): an accepted cut is sampled
 ARGV[1] generation of the grant the signal is about, -1 when it is about no grant
 ARGV[2] block duration in µs, 0 for none
 ARGV[3] 1 when the API throttled the request (a 429), else 0
@@ -17,11 +17,12 @@ Returns {code, accepted, generation, blocked_until_us, now_us, rate_before, rate
   accepted 1 when this throttle was the first of its burst: it started a new generation and,
   when adaptive, cut the rate. A throttle for a grant of an older generation is ignored, so the
   many 429s of one burst count as one decrease. Rates are strings (requests per period).
-Counts blocks, throttles and adaptive decreases in the state hash (prelude's COUNTERS). The
-work is prelude's apply_feedback, shared with feedback_many.lua. With learning (the config's
-learn), an accepted throttle is also a measurement of the API's real limit: the grants it
-accepted since sending resumed after the previous accepted throttle (prelude's "Learning the
-real limit"); the rate after it holds just under the learned limit instead of CUBIC's cut.
+Counts blocks, throttles and adaptive decreases in the state hash (lib/state.lua's COUNTERS).
+The work is lib/signals.lua's apply_feedback, shared with feedback_many.lua. With learning (the
+config's learn), an accepted throttle is also a measurement of the API's real limit: the grants
+it accepted since sending resumed after the previous accepted throttle (lib/adaptive.lua,
+"Learning the real limit"); the rate after it holds just under the learned limit instead of
+CUBIC's cut.
 ]]
 
 local cfg = load_config(KEYS[1])

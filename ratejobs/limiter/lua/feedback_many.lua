@@ -1,13 +1,13 @@
 --[[
 feedback_many.lua: feedback.lua for several responses at once (a batch of requests sent
 together). The signals are applied one after another in the given order, exactly as that many
-feedback.lua calls would apply them (prelude's apply_feedback), so the 429s of one burst still
+feedback.lua calls would apply them (lib/signals.lua), so the 429s of one burst still
 cut the adaptive rate once: the first throttle about the current generation starts a new one,
 and the others, about grants of the generation before, are ignored.
 
 KEYS[1] config hash
 KEYS[2] state hash
-KEYS[3] rate history sorted set (prelude's "Rate history"): an accepted cut is sampled
+KEYS[3] rate history sorted set (lib/history.lua): an accepted cut is sampled
 ARGV[1] rate history: µs between samples taken at grants (feedback.lua's ARGV[4])
 ARGV[2] rate history: samples kept (the newest); 0 (or no KEYS[3]): nothing is sampled
 ARGV[3i], ARGV[3i+1], ARGV[3i+2] for signal i (i from 1): generation of its grant (-1 for

@@ -4,7 +4,7 @@ known (the tokens the API says it used, against the estimate it was granted with
 
 KEYS[1] config hash
 KEYS[2] state hash
-KEYS[3] headroom history of the cost windows (prelude's record_headroom)
+KEYS[3] headroom history of the cost windows (lib/refunds.lua's record_headroom)
 ARGV[1] the difference, real cost minus granted cost, a whole number: above 0 is charged,
         below 0 given back
 ARGV[2] the grant's cost_seq (acquire.lua's), -1 when unknown (nothing is given back)
@@ -12,7 +12,7 @@ ARGV[2] the grant's cost_seq (acquire.lua's), -1 when unknown (nothing is given 
 A charge moves each cost window's schedule later by the units, as if they had been granted
 with the rest. A refund moves it earlier by no more than the API's own count of the call at
 its real cost would be behind ours now: no more than the headroom of any reservation made
-since the grant (prelude's record_headroom), nothing when that history is gone, and never past
+since the grant (lib/refunds.lua), nothing when that history is gone, and never past
 a full window. So giving back never lets more through than the burst, whatever was reserved
 meanwhile. Both the reserved and the granted schedule move, so the next generation keeps the
 correction.
