@@ -1,7 +1,7 @@
 --[[
 acquire_many.lua: take up to `count` in-flight leases and reserve as many consecutive send
 slots in one call, for a caller that runs several requests at once. Each slot is decided
-exactly as `count` acquire.lua calls at the same instant would decide it (prelude's
+exactly as `count` acquire.lua calls at the same instant would decide it (lib/schedule.lua's
 next_slot_offset and reserve_slot), so the pace, burst, block and adaptive rate bind a batch as
 they bind single calls; it stops early rather than wait past max_wait or exceed the cap.
 
