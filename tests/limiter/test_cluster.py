@@ -52,9 +52,12 @@ def test_limiter_works_on_a_cluster_client():
         # expect: every operation works, including the wait for a freed lease
         first = limiter.acquire()
         limiter.release(first)
+        assert limiter.state().in_flight == 0
         second = limiter.acquire()
         limiter.release(second)
-        assert second.slot_us - first.slot_us <= 10_000
+        # the freed lease was taken at once (burst 2), not at the first's expiry; a count, not a
+        # wall-clock gap, which a loaded machine stretches (74 ms seen on CI)
+        assert second.requeued == 0 and second.slot_us - first.slot_us < first.lease_seconds * 1e5
         assert limiter.block(0.05).blocked_for > 0
         assert limiter.report_throttle(second).accepted
         held = limiter.acquire()
