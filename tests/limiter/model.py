@@ -10,8 +10,9 @@ import math
 from dataclasses import dataclass, field
 
 # lib/adaptive.lua's learning constants (the values, not a reading of the Lua).
-LEARN_HOLD = 0.98
+LEARN_HOLD = 0.99
 LEARN_CLIMB = 2.0
+LEARN_ROUGH_CLIMB = 0.5
 LEARN_PROBE = 0.002
 LEARN_PRECISE_GRANTS = 50
 LEARN_MIN_SPAN_US = 100_000
@@ -72,23 +73,30 @@ class ReferenceLimiter:
         """Seconds of the learning phase at `now` (0 before it), idle time not counted."""
         return max(0, self._learning_now(now) - self.learn_from) / 1_000_000
 
-    def _resume_after_idle(self, now: int) -> None:
-        """The first acquire after an idle spell starts the learning phase again from the
-        rate it stood at, as sending after a block does."""
+    def _start_learning_phase(self, now: int) -> None:
+        """A learning phase starts at the first acquire a state sees and at the first after an
+        idle spell, from the rate it stands at: the API's bucket is full then, as after a
+        block."""
         cfg = self.config
-        if not (cfg.adaptive and cfg.learn and self.learn_target is not None):
+        if not (cfg.adaptive and cfg.learn):
             return
-        if now <= self.learn_from or self._learning_now(now) >= now:
+        if self.learn_from is not None and (
+            self.learn_target is None or now <= self.learn_from or self._learning_now(now) >= now
+        ):
             return
-        self.learn_target = max(cfg.min_rate, min(cfg.rate, self._learning_rate(now)))
+        self.learn_target = self.current_rate(now)
         self.learn_from = now
         self.learn_grants = self.grants
+
+    def _climb(self) -> float:
+        """Per recovery period before the limit is sure: gentler from a rough estimate."""
+        return LEARN_ROUGH_CLIMB if self.learned is not None else LEARN_CLIMB
 
     def _learning_rate(self, now: float) -> float:
         t = self._since(now) / self.config.recovery_seconds
         if self.learn_sure:
             return self.learn_target * (1 + LEARN_PROBE * t * t * t)
-        return self.learn_target * (1 + LEARN_CLIMB * t)
+        return self.learn_target * (1 + self._climb() * t)
 
     def current_rate(self, now: float) -> float:
         cfg = self.config
@@ -116,7 +124,7 @@ class ReferenceLimiter:
             if self.learn_sure:
                 units = t + LEARN_PROBE * t * t * t * t / (4 * k * k * k)
             else:
-                units = t + LEARN_CLIMB * t * t / (2 * k)
+                units = t + self._climb() * t * t / (2 * k)
             allowed = min(self.learn_target * units, cfg.rate * t) / cfg.period
             if accepted >= LEARN_BUSY * allowed:
                 period_us = cfg.period * 1_000_000
@@ -167,7 +175,7 @@ class ReferenceLimiter:
         per_period = cfg.period / cfg.recovery_seconds
         if self.learn_sure:
             return self.learn_target * 3 * LEARN_PROBE * t * t * per_period
-        return self.learn_target * LEARN_CLIMB * per_period
+        return self.learn_target * self._climb() * per_period
 
     def _new_generation(self) -> None:
         self.generation += 1
@@ -206,7 +214,7 @@ class ReferenceLimiter:
         cfg = self.config
         if cfg is None:
             return NOT_CONFIGURED, 0, 0, 0
-        self._resume_after_idle(now)
+        self._start_learning_phase(now)
         interval = cfg.period * 1_000_000 / self.current_rate(now)
 
         def grant(slot: int) -> tuple[int, int, int, int]:

@@ -61,7 +61,7 @@ local now = now_us()
 local st = load_state(KEYS[2], now)
 use_history(st, KEYS[6], ARGV[8], ARGV[9])
 load_windows(KEYS[2], cfg, st, now)
-resume_after_idle(KEYS[2], cfg, st, now)
+start_learning_phase(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
 local room = free_leases(cfg, KEYS[3], now)
 

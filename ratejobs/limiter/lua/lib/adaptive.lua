@@ -20,12 +20,15 @@ config and the state, and how an accepted throttle updates what was learned.
 -- of what the rate allowed (idle, or held back by something else) says nothing about the server
 -- and is skipped.
 --
--- The rate after an accepted throttle starts at learn_target from learn_from:
+-- Each phase of the learning rate starts at learn_target from learn_from: when sending first
+-- starts (the API's bucket is full then, as after a block, so the span to the first throttle is
+-- already a measurement), after each accepted throttle's block, and after an idle spell. After an
+-- accepted throttle learn_target is:
 --   nothing learned yet: decrease_factor times the rate before, climbing by LEARN_CLIMB times
 --     it per recovery_seconds (discovery, like CUBIC's cuts);
 --   a rough estimate (fewer than LEARN_PRECISE_GRANTS grants between the two intervals, and
---     nothing sure learned before): the estimate, climbing the same way, so that the next
---     throttle measures over a longer span; once sure, a rough measurement at or above
+--     nothing sure learned before): the estimate, climbing by LEARN_ROUGH_CLIMB, so that the
+--     next throttle measures over a longer span; once sure, a rough measurement at or above
 --     decrease_factor of the rate corrects the estimate and keeps it sure;
 --   learned: LEARN_HOLD times it, creeping up by LEARN_PROBE * (t / recovery_seconds)^3, so a
 --     raised limit is found while a steady one is crossed only after about two recovery periods
@@ -34,15 +37,22 @@ config and the state, and how an accepted throttle updates what was learned.
 -- A throttle never raises the rate; decrease_factor's cut and the one-decrease-per-burst rule
 -- (generations) apply as with CUBIC; CUBIC's fields are kept up to date too, so turning learn off
 -- falls back to CUBIC from the last cut.
+-- The arithmetic is in functions of values (learning_*, current_rate, after_throttle) that return
+-- the fields they change; start_learning_phase and learn_from_throttle read and write Redis.
 -- Measured limits are within 1-2 % of the real one (bench/adaptive.py); holding 2 % under it
 -- leaves no 429s until the probe crosses it.
-local LEARN_HOLD = 0.98
+local LEARN_HOLD = 0.99
 -- While finding the limit the rate climbs by twice where it started per recovery period (10 %/s
 -- at the default 20 s): a limit 20-30 % above is met within a few seconds, and the overshoot
 -- the estimate subtracts (sqrt(2 * b * slope)) stays a few per cent.
 local LEARN_CLIMB = 2.0
--- A steady limit held at LEARN_HOLD is crossed after (0.02 / LEARN_PROBE)^(1/3) ~ 2.2 recovery
--- periods: one throttle (and its block, a second or more) every ~45 s at the default 20 s, ~2 %.
+-- From a rough estimate (off by a few per cent: a grant or two in twenty) the climb is a quarter
+-- of that (2.5 %/s): an estimate 10 % low is passed in 4 s, while one about right is crossed
+-- gently, so the next throttle comes over fifty grants or more later and makes it sure, instead
+-- of a quick overshoot that measures again over too few.
+local LEARN_ROUGH_CLIMB = 0.5
+-- A steady limit held at LEARN_HOLD is crossed after (0.01 / LEARN_PROBE)^(1/3) ~ 1.7 recovery
+-- periods: one throttle (and its block, a second or more) every ~35 s at the default 20 s.
 local LEARN_PROBE = 0.002
 -- Grants the slope is measured over before it counts as learned: a count is off by one or two
 -- (429s in flight), 2-4 % of 50.
@@ -60,6 +70,12 @@ local function learning_now(cfg, st, now)
   return now + math.min(0, st.granted_tat + cfg.period * 1000000)
 end
 
+-- The climb per recovery period from learn_target before anything is sure: discovery's, or the
+-- gentler one from a rough estimate.
+local function learning_climb(st)
+  return st.learned and LEARN_ROUGH_CLIMB or LEARN_CLIMB
+end
+
 -- The learning rate t µs after learn_from, and its slope (requests per period, per period).
 local function learning_rate(cfg, st, now)
   now = learning_now(cfg, st, now)
@@ -67,7 +83,7 @@ local function learning_rate(cfg, st, now)
   if st.learn_sure then
     return st.learn_target * (1 + LEARN_PROBE * t * t * t)
   end
-  return st.learn_target * (1 + LEARN_CLIMB * t)
+  return st.learn_target * (1 + learning_climb(st) * t)
 end
 
 local function learning_slope(cfg, st, now)
@@ -77,25 +93,7 @@ local function learning_slope(cfg, st, now)
   if st.learn_sure then
     return st.learn_target * 3 * LEARN_PROBE * t * t * per_period
   end
-  return st.learn_target * LEARN_CLIMB * per_period
-end
-
--- The first acquire after an idle spell starts learning's phase again from the rate it stood at,
--- as sending after a throttle's block does: the server's bucket refilled meanwhile, so the span
--- from here to the next throttle measures the server as learn_from_throttle expects, and the
--- probe's clock counts time spent sending, not time idle.
-local function resume_after_idle(state_key, cfg, st, now)
-  if not (cfg.adaptive and cfg.learn and st.learn_target and st.learn_from) then
-    return
-  end
-  if now <= st.learn_from or learning_now(cfg, st, now) >= now then
-    return
-  end
-  st.learn_target = math.max(cfg.min_rate, math.min(cfg.rate, learning_rate(cfg, st, now)))
-  st.learn_from = now
-  st.learn_grants = tonumber(redis.call('HGET', state_key, 'n_grants')) or 0
-  redis.call('HSET', state_key, 'learn_target', as_string(st.learn_target), 'learn_from', now,
-    'learn_grants', st.learn_grants)
+  return st.learn_target * learning_climb(st) * per_period
 end
 
 -- Grants the learning rate allowed in the `span` µs after learn_from (its integral).
@@ -106,7 +104,7 @@ local function learning_allowance(cfg, st, span)
   if st.learn_sure then
     units = t + LEARN_PROBE * t * t * t * t / (4 * k * k * k)
   else
-    units = t + LEARN_CLIMB * t * t / (2 * k)
+    units = t + learning_climb(st) * t * t / (2 * k)
   end
   return math.min(st.learn_target * units, cfg.rate * t) / cfg.period
 end
@@ -132,10 +130,32 @@ local function current_rate(cfg, st, now)
   return math.max(cfg.min_rate, math.min(cfg.rate, r))
 end
 
--- An accepted throttle as a measurement of the real limit (see "Learning the real limit" above):
--- update the estimate, then start the next phase at learn_target from when sending resumes.
-local function learn_from_throttle(keys, cfg, st, now, rate_before)
-  local grants = tonumber(redis.call('HGET', keys[2], 'n_grants')) or 0
+-- Whether an acquire at `now` starts a learning phase: the first one a state sees (sending
+-- starts with the API's bucket full), or the first after an idle spell (it refilled meanwhile).
+-- Either way the span from here to the next throttle measures the API as after_throttle
+-- expects, and the probe's clock counts time spent sending, not time idle.
+local function learning_phase_due(cfg, st, now)
+  if not (cfg.adaptive and cfg.learn) then
+    return false
+  end
+  if not st.learn_from then
+    return true
+  end
+  return st.learn_target ~= nil and now > st.learn_from and learning_now(cfg, st, now) < now
+end
+
+-- The fields of a learning phase starting at `now`, from the rate it stands at (n_grants is
+-- `grants`).
+local function learning_phase(cfg, st, now, grants)
+  return {learn_target = current_rate(cfg, st, now), learn_from = now, learn_grants = grants}
+end
+
+-- An accepted throttle at `now` as a measurement of the real limit (see "Learning the real
+-- limit" above), with n_grants `grants` and the rate `rate_before` it came at: the fields it
+-- changes (the estimate, the base interval, and the next phase from when sending resumes).
+local function after_throttle(cfg, st, now, rate_before, grants)
+  local changes = {}
+  local learned, sure = st.learned, st.learn_sure
   local span = now - (st.learn_from or now)
   if st.learn_target and span > 0 then
     local accepted = grants - st.learn_grants - 1
@@ -152,9 +172,8 @@ local function learn_from_throttle(keys, cfg, st, now, rate_before)
           -- the search again: a measurement over too few grants to be precise still keeps it
           -- sure, or the climb that follows overshoots and throttles every few seconds.
           local floor = rate_before * cfg.decrease_factor
-          st.learned = math.max(slope, floor)
-          st.learn_sure = slope >= floor
-            and (st.learn_sure or accepted - base >= LEARN_PRECISE_GRANTS)
+          learned = math.max(slope, floor)
+          sure = slope >= floor and (sure or accepted - base >= LEARN_PRECISE_GRANTS)
         else
           -- the base's grants sent while its throttle was in flight were 429s too
           local burst = math.max(1, base - st.learn_base_late - slope * base_us / period_us)
@@ -163,40 +182,46 @@ local function learn_from_throttle(keys, cfg, st, now, rate_before)
           -- A learned limit below the rate throttled at still fits (arrivals bunch up in
           -- transit, so the slow probe meets the limit a little early): keep it unless the
           -- limit rose.
-          if not st.learned or estimate > st.learned or st.learned >= rate_before then
-            st.learned = estimate
+          if not learned or estimate > learned or learned >= rate_before then
+            learned = estimate
           end
-          st.learn_sure = true
+          sure = true
         end
-        st.learned = math.min(st.learned, cfg.rate)
+        learned = math.min(learned, cfg.rate)
+        changes.learned = learned
       end
       if not base_us or span < base_us then
-        st.learn_base_us, st.learn_base_grants = span, accepted
-        st.learn_base_gen, st.learn_base_late = st.generation, 0
+        changes.learn_base_us, changes.learn_base_grants = span, accepted
+        changes.learn_base_gen, changes.learn_base_late = st.generation, 0
       end
     end
   end
   local target = rate_before * cfg.decrease_factor
-  if st.learned and st.learn_sure then
-    target = st.learned * LEARN_HOLD
-  elseif st.learned then
-    target = st.learned
+  if learned and sure then
+    target = learned * LEARN_HOLD
+  elseif learned then
+    target = learned
   end
-  st.learn_target = math.min(target, rate_before)
-  st.learn_from = math.max(now, st.blocked_until)
-  st.learn_grants = grants
-  local fields = {'learn_target', as_string(st.learn_target), 'learn_from', st.learn_from,
-    'learn_grants', grants, 'learn_sure', st.learn_sure and '1' or '0'}
-  if st.learned then
-    fields[#fields + 1] = 'learned'
-    fields[#fields + 1] = as_string(st.learned)
+  changes.learn_sure = sure
+  changes.learn_target = math.min(target, rate_before)
+  changes.learn_from = math.max(now, st.blocked_until)
+  changes.learn_grants = grants
+  return changes
+end
+
+local function grants_so_far(state_key)
+  return tonumber(redis.call('HGET', state_key, 'n_grants')) or 0
+end
+
+-- At an acquire: start a learning phase when one is due (learning_phase_due).
+local function start_learning_phase(state_key, cfg, st, now)
+  if learning_phase_due(cfg, st, now) then
+    store_changes(state_key, st, learning_phase(cfg, st, now, grants_so_far(state_key)))
   end
-  if st.learn_base_us then
-    for _, name in ipairs({'learn_base_us', 'learn_base_grants', 'learn_base_gen',
-        'learn_base_late'}) do
-      fields[#fields + 1] = name
-      fields[#fields + 1] = st[name]
-    end
-  end
-  redis.call('HSET', keys[2], unpack(fields))
+end
+
+-- At an accepted throttle: learn from it (after_throttle).
+local function learn_from_throttle(state_key, cfg, st, now, rate_before)
+  store_changes(state_key, st,
+    after_throttle(cfg, st, now, rate_before, grants_so_far(state_key)))
 end

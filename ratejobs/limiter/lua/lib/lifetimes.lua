@@ -19,7 +19,7 @@ history bounded in time.
 -- rounding to ms and a replica's clock a little behind after a failover.
 local LIFETIME_MARGIN_US = 1000000
 -- A learned limit is a fact about the API, not about its last burst: it is kept through idle
--- spells (the rate stands still meanwhile: resume_after_idle) for this long after the bucket's
+-- spells (the rate stands still meanwhile: learning_phase_due) for this long after the bucket's
 -- last use, so tomorrow's job starts at the held rate rather than at the ceiling, into a 429.
 local LEARNED_KEPT_US = 24 * 3600 * 1000000
 
@@ -36,7 +36,7 @@ local function rate_recovered_at(cfg, st)
   local k = cfg.recovery_seconds
   if cfg.learn and st.learn_target and st.learn_from then
     local gap = math.max(0, cfg.rate / math.max(st.learn_target, 1e-9) - 1)
-    local t = st.learn_sure and (gap / LEARN_PROBE) ^ (1 / 3) or gap / LEARN_CLIMB
+    local t = st.learn_sure and (gap / LEARN_PROBE) ^ (1 / 3) or gap / learning_climb(st)
     return st.learn_from + t * k * 1000000
   end
   if st.wmax and st.decreased_at then

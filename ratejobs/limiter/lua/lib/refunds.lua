@@ -23,6 +23,36 @@ local function record_headroom(heads_key, st, i, headroom)
     i .. ':' .. as_string(st.cost_seq) .. ':' .. headroom)
 end
 
+-- How far each cost window's schedule moves back when `units` are given back for a reservation:
+-- `units` at the window's interval, capped by the least headroom among `later` (the history
+-- entries of the reservations made since it, as ZRANGEBYSCORE ... WITHSCORES returns them).
+-- Returns µs by window index, for cost windows only.
+local function refund_shifts(cfg, units, later)
+  local least = {}
+  for k = 1, #later, 2 do
+    local i, headroom = string.match(later[k], '^(%d+):%d+:(%d+)$')
+    i = tonumber(i)
+    least[i] = math.min(least[i] or math.huge, tonumber(headroom))
+  end
+  local shifts = {}
+  for i, win in ipairs(cfg.windows) do
+    if win.cost then
+      shifts[i] = math.min(units * win.interval, least[i] or math.huge)
+    end
+  end
+  return shifts
+end
+
+-- A window's schedules (offsets from now) moved back by `shift` µs, never from the future into
+-- the past beyond now: the reserved one always, the granted one when the units were granted.
+local function shifted_window(w, shift, granted)
+  local moved = {tat = math.max(w.tat - shift, math.min(w.tat, 0)), granted = w.granted}
+  if granted then
+    moved.granted = math.max(w.granted - shift, math.min(w.granted, 0))
+  end
+  return moved
+end
+
 -- Give back `units` of each cost window taken by the reservation numbered `seq` (a refund, or
 -- a reservation that went stale and will never be sent), capped by the least headroom of the
 -- reservations made since it (none when the history no longer holds its own entry); what is
@@ -41,23 +71,10 @@ local function give_back(heads_key, cfg, st, seq, units, granted)
   end
   local later = redis.call('ZRANGEBYSCORE', heads_key, '(' .. as_string(seq), '+inf',
     'WITHSCORES')
-  local least = {}
-  for k = 1, #later, 2 do
-    local i, headroom = string.match(later[k], '^(%d+):%d+:(%d+)$')
-    i = tonumber(i)
-    least[i] = math.min(least[i] or math.huge, tonumber(headroom))
-  end
   local given = {}
-  for i, win in ipairs(cfg.windows) do
-    if win.cost then
-      local w = st.w[i]
-      local shift = math.min(units * win.interval, least[i] or math.huge)
-      given[i] = math.floor(shift)
-      w.tat = math.max(w.tat - shift, math.min(w.tat, 0))
-      if granted then
-        w.granted = math.max(w.granted - shift, math.min(w.granted, 0))
-      end
-    end
+  for i, shift in pairs(refund_shifts(cfg, units, later)) do
+    st.w[i] = shifted_window(st.w[i], shift, granted)
+    given[i] = math.floor(shift)
   end
   for k = 1, #later, 2 do
     local i, rest, headroom = string.match(later[k], '^(%d+):(%d+):(%d+)$')

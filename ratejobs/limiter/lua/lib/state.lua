@@ -18,9 +18,9 @@ State hash fields (STATE_FIELDS lists those load_state reads):
   learned, learn_sure   the real limit learned from throttles (requests per period) and
                  whether it was measured over enough grants to hold under it (see "Learning the
                  real limit" in lib/adaptive.lua); absent until measured
-  learn_target, learn_from, learn_grants   the learning rate since the last accepted throttle
-                 starts at learn_target from learn_from (when sending resumed after its block,
-                 or after an idle spell: resume_after_idle); n_grants was learn_grants then
+  learn_target, learn_from, learn_grants   the learning rate's phase starts at learn_target
+                 from learn_from (when sending first started, resumed after a throttle's block,
+                 or after an idle spell: learning_phase_due); n_grants was learn_grants then
   learn_base_us, learn_base_grants   the shortest interval measured (resume to throttle) and the
                  grants the server accepted in it: mostly its burst, subtracted from the others
   learn_base_gen, learn_base_late   the generation of that interval's grants, and how many of
@@ -91,6 +91,25 @@ local function store_time(key, name, now, offset)
   redis.call('HSET', key, name .. '_us', now + whole, name .. '_frac', offset - whole)
 end
 
+
+-- Set `changes` (field name to value, as a policy function returns them) in st and write them to
+-- the state hash in one HSET: numbers as exact strings, booleans as '1' or '0'.
+local function store_changes(key, st, changes)
+  local fields = {}
+  for name, value in pairs(changes) do
+    st[name] = value
+    if type(value) == 'boolean' then
+      value = value and '1' or '0'
+    elseif type(value) == 'number' then
+      value = as_string(value)
+    end
+    fields[#fields + 1] = name
+    fields[#fields + 1] = value
+  end
+  if #fields > 0 then
+    redis.call('HSET', key, unpack(fields))
+  end
+end
 
 -- Each window's schedule as offsets from now, into st.w (call after load_state).
 local function load_windows(key, cfg, st, now)
