@@ -9,6 +9,7 @@ it knows what a grant may never do.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections import Counter
 from collections.abc import Iterator
@@ -20,11 +21,13 @@ from pathlib import Path
 import hypothesis.strategies as st
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from ratejobs import devredis
 from ratejobs.limiter import (
+    AsyncLimiter,
     Grant,
     Limiter,
     LimiterConfig,
@@ -47,6 +50,10 @@ TICK_US = 1
 # for only when the model knows a place is free.
 LONG_WAIT_SECONDS = 4 * 86_400.0
 LEASE_SECONDS = (0.25, 120.0)
+# Backward steps of the server's clock (an NTP step, a failover to a replica whose clock is
+# behind): time as the API lives it never goes back, so the checker reads every time the
+# limiter answered on that time, the server's minus how far its clock has stepped back.
+BACK_JUMPS_US = (1_000, 40_000, 700_000, 2 * MICROS)
 # Forward jumps of the server's clock: within a slot, across a block, a period, a day (the
 # longest a bucket is kept, T1) and beyond, so idle buckets expire.
 JUMPS_US = (1, 1_000, 40_000, 700_000, 2 * MICROS, 61 * MICROS, 3_601 * MICROS, 2 * 86_400 * MICROS)
@@ -109,6 +116,7 @@ class ServerClock:
 class FrozenRedis:
     client: redis.Redis
     clock: ServerClock
+    url: str
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +144,7 @@ def frozen_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FrozenRed
         assert client.exists("probe")
         clock.set(START_US + 1_001_000)  # a key lives until past its expiry
         assert not client.exists("probe")
-        yield FrozenRedis(client, clock)
+        yield FrozenRedis(client, clock, server.url)
     finally:
         client.close()
         server.stop()
@@ -272,8 +280,18 @@ class Bucket:
     exists: bool = False  # whether Redis held its limits after the last call
     has_state: bool = False  # whether Redis held its state after the last call
 
+    # Leases that ran out before the server's clock stepped back (C2): over in the API's time,
+    # but the scripts prune a lease only when they next look, and count what is left by its
+    # expiry on the server's clock, so the limiter may still count one (more cautious, never
+    # less).
+    stepped_over: dict[str, int] = field(default_factory=dict)
+
     def live_leases(self, now: int) -> int:
         return sum(1 for expiry in self.leases.values() if expiry > now)
+
+    def may_count(self, now: int) -> int:
+        """Leases the limiter may count besides the live ones."""
+        return sum(1 for expiry in self.stepped_over.values() if expiry > now)
 
 
 def safety_violations(bucket: Bucket) -> list[str]:
@@ -358,6 +376,9 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             self.version = 1
             self.buckets: list[Bucket] = []
             self.api_config: LimiterConfig | None = None
+            # how far the server's clock has stepped back in all (C2): the API's time is the
+            # server's plus this
+            self.behind = 0
 
         # -- plumbing ---------------------------------------------------------------------
 
@@ -368,6 +389,10 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
         def tick(self) -> int:
             clock.set(clock.now_us + TICK_US)
             return clock.now_us
+
+        def real(self, server_us: int) -> int:
+            """A time on the server's clock as the API lives it."""
+            return server_us + self.behind
 
         def bucket(self, index: int) -> Bucket:
             return self.buckets[index % len(self.buckets)]
@@ -400,12 +425,12 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
                 return
             differ = limits_differ(bucket.config, config)
             if new or differ:
-                bucket.events.append((now, self.next_seq(), "config", (config, new)))
+                bucket.events.append((self.real(now), self.next_seq(), "config", (config, new)))
             if new:
                 bucket.fresh = True
             elif differ:
                 bucket.epoch += 1
-                bucket.floor = max(bucket.floor, now)
+                bucket.floor = max(bucket.floor, self.real(now))
                 bucket.fresh = False
             bucket.config = config
 
@@ -413,18 +438,19 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             assert grant.slot_us <= now, "a grant's slot is at or before now"
             # B1, R2, K6, N1: nothing granted inside a block, nor from a reservation made
             # before a change, a reset or a delete.
+            # (a block's end is a time on the server's clock, as the scripts compare it)
             assert grant.slot_us >= bucket.block_end, (grant, bucket.block_end)
-            assert grant.slot_us >= bucket.floor, (grant, bucket.floor)
+            slot = self.real(grant.slot_us)
+            assert slot >= bucket.floor, (grant, bucket.floor, self.behind)
             bucket.grants.append(
-                Logged(
-                    self.next_seq(), grant.slot_us, grant.weight, grant.cost, grant, bucket.epoch
-                )
+                Logged(self.next_seq(), slot, grant.weight, grant.cost, grant, bucket.epoch)
             )
             bucket.fresh = False
 
         def take_lease(self, bucket: Bucket, lease_id: str, expiry: int, now: int) -> None:
             was_live = bucket.leases.get(lease_id, 0) > now
             bucket.leases[lease_id] = expiry
+            bucket.stepped_over.pop(lease_id, None)
             cap = bucket.config.max_concurrency
             if cap and not was_live:
                 # L1: a new place under the cap, never one more than it.
@@ -449,23 +475,44 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             lease=st.sampled_from(LEASE_SECONDS),
             arrives_us=ARRIVALS_US,
             callers=st.integers(1, 6),
+            via=st.sampled_from(["threads", "threads", "asyncio"]),
         )
         def acquire(
-            self, index: int, weight: int, cost: int, lease: float, arrives_us: int, callers: int
+            self,
+            index: int,
+            weight: int,
+            cost: int,
+            lease: float,
+            arrives_us: int,
+            callers: int,
+            via: str,
         ) -> None:
-            """`callers` callers, `arrives_us` apart, each asking for a slot now."""
+            """`callers` callers, `arrives_us` apart, each asking for a slot now, through the
+            Limiter or the AsyncLimiter (the same scripts on the same keys)."""
             for _ in range(callers):
                 clock.set(clock.now_us + arrives_us)
-                self.acquire_one(self.bucket(index), weight, cost, lease)
+                self.acquire_one(self.bucket(index), weight, cost, lease, via)
 
-        def acquire_one(self, bucket: Bucket, weight: int, cost: int, lease: float) -> None:
-            try:
-                grant = self.call(
-                    bucket,
-                    lambda now: bucket.limiter.acquire(
+        def acquire_one(
+            self, bucket: Bucket, weight: int, cost: int, lease: float, via: str = "threads"
+        ) -> None:
+            def take(now: int) -> Grant:
+                if via == "threads":
+                    return bucket.limiter.acquire(
                         weight, max_wait=0, lease_seconds=lease, cost=cost
-                    ),
+                    )
+                return asyncio.run(
+                    in_asyncio(
+                        frozen_redis.url,
+                        bucket.limiter,
+                        lambda limiter: limiter.acquire(
+                            weight, max_wait=0, lease_seconds=lease, cost=cost
+                        ),
+                    )
                 )
+
+            try:
+                grant = self.call(bucket, take)
             except (ValueError, LimiterError) as exc:
                 if isinstance(exc, WaitTooLong):
                     if bucket.fresh and not too_big(bucket.config, weight, cost):
@@ -484,7 +531,8 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             block or the in-flight cap may refuse its first request."""
             now = clock.now_us
             cap = bucket.config.max_concurrency
-            if bucket.block_end <= now and not (cap and bucket.live_leases(now) >= cap):
+            held = bucket.live_leases(now) + bucket.may_count(now)
+            if bucket.block_end <= now and not (cap and held >= cap):
                 raise AssertionError(f"{bucket.limiter.name} refused weight {weight} while full")
 
         @rule(
@@ -563,6 +611,7 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             except (ValueError, LimiterError):
                 # L2: whatever the exit, the lease is given back.
                 bucket.leases.pop(reservation.lease_id, None)
+                bucket.stepped_over.pop(reservation.lease_id, None)
                 return
             now = clock.now_us
             self.log_grant(bucket, grant, now)
@@ -579,6 +628,7 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             grant = pool[which % len(pool)]
             self.call(bucket, lambda now: bucket.limiter.release(grant))
             bucket.leases.pop(grant.lease_id, None)
+            bucket.stepped_over.pop(grant.lease_id, None)
             if pending:
                 bucket.reservations.remove(grant)
 
@@ -603,7 +653,9 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
         @rule(
             index=st.integers(0, 5),
             which=st.integers(0, 50),
-            kind=st.sampled_from(["429", "429 retry-after", "report", "report none", "block"]),
+            kind=st.sampled_from(
+                ["429", "429 retry-after", "report", "report none", "block", "429s at once"]
+            ),
             seconds=st.sampled_from([0.0, 0.3, 2.0]),
         )
         def feedback(self, index: int, which: int, kind: str, seconds: float) -> None:
@@ -611,6 +663,9 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             logged = bucket.grants[which % len(bucket.grants)] if bucket.grants else None
             grant = None if kind == "report none" or logged is None else logged.grant
             lim = bucket.limiter
+            if kind == "429s at once":
+                self.throttles_at_once(bucket, which)
+                return
             if kind == "429":
                 block, op = 1.0, lambda now: lim.observe(grant, 429, {})
             elif kind == "429 retry-after":
@@ -641,6 +696,33 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             # A1: the adaptive rate only lowers the main rate, never below its floor.
             assert feedback.rate_after <= bucket.config.rate * (1 + 1e-9)
             assert feedback.rate_after >= bucket.config.floor_rate * (1 - 1e-9)
+            bucket.fresh = False
+
+        def throttles_at_once(self, bucket: Bucket, which: int) -> None:
+            """B1, B2 through observe_many: up to three 429s answered together (one with
+            Retry-After) cut the rate once, as one at a time would."""
+            if not bucket.grants:
+                return
+            picked = [bucket.grants[(which + k) % len(bucket.grants)] for k in range(3)]
+            headers = [{}, {"Retry-After": "2"}, {}]
+            feedbacks = self.call(
+                bucket,
+                lambda now: bucket.limiter.observe_many(
+                    [(g.grant, 429, h) for g, h in zip(picked, headers, strict=True)]
+                ),
+            )
+            now = clock.now_us
+            earlier = bucket.block_end if bucket.block_end > now else 0
+            end = max(earlier, now + 2 * MICROS)
+            assert max(f.blocked_until_us for f in feedbacks) >= end, (feedbacks, end)
+            bucket.block_end = end
+            for logged, feedback in zip(picked, feedbacks, strict=True):
+                assert feedback.now_us == now
+                assert feedback.accepted == (logged.epoch == bucket.epoch), (feedback, logged)
+                if feedback.accepted:
+                    bucket.epoch += 1
+                assert feedback.rate_after <= bucket.config.rate * (1 + 1e-9)
+                assert feedback.rate_after >= bucket.config.floor_rate * (1 - 1e-9)
             bucket.fresh = False
 
         @rule(
@@ -707,17 +789,29 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             bucket.exists = bucket.has_state = False
 
         def forget(self, bucket: Bucket, now: int) -> None:
-            bucket.events.append((now, self.next_seq(), "forget", None))
+            bucket.events.append((self.real(now), self.next_seq(), "forget", None))
             bucket.leases.clear()
+            bucket.stepped_over.clear()
             bucket.reservations.clear()
             bucket.block_end = 0
-            bucket.floor = max(bucket.floor, now)
+            bucket.floor = max(bucket.floor, self.real(now))
             bucket.epoch += 1
             bucket.fresh = True
 
         @rule(jump=st.sampled_from(JUMPS_US), extra=st.integers(0, 999))
         def time_passes(self, jump: int, extra: int) -> None:
             clock.set(clock.now_us + jump + extra)
+
+        @rule(jump=st.sampled_from(BACK_JUMPS_US))
+        def clock_steps_back(self, jump: int) -> None:
+            """C2: the server's clock steps back; the API's time does not."""
+            now = clock.now_us
+            for bucket in self.buckets:
+                for lease_id, expiry in list(bucket.leases.items()):
+                    if expiry <= now:
+                        bucket.stepped_over[lease_id] = bucket.leases.pop(lease_id)
+            clock.set(now - jump)
+            self.behind += jump
 
         # -- invariants -------------------------------------------------------------------
 
@@ -732,7 +826,8 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             for bucket in self.buckets:
                 state = bucket.limiter.state()
                 # L1, L2: the leases the limiter counts are the ones the spec says are out.
-                assert state.in_flight == bucket.live_leases(now), (
+                live = bucket.live_leases(now)
+                assert live <= state.in_flight <= live + bucket.may_count(now), (
                     bucket.limiter.name,
                     state.in_flight,
                     bucket.leases,
@@ -761,6 +856,15 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
         suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     )
     SpecificationMachine.TestCase("runTest").runTest()
+
+
+async def in_asyncio(url: str, limiter: Limiter, call):
+    """`call` on an AsyncLimiter for `limiter`'s bucket, on a client of this event loop."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        return await call(AsyncLimiter(client, limiter.name, limiter.config))
+    finally:
+        await client.aclose()
 
 
 def limits_differ(old: LimiterConfig, new: LimiterConfig) -> bool:
