@@ -488,7 +488,7 @@ class LostMessages:
 
     def recover(self, rig: Rig) -> None:
         from ratejobs.models import Call
-        from ratejobs.services.workers import database_now
+        from ratejobs.worker.heartbeats import database_now
 
         time.sleep(max(0.0, self.lost_at + BEAT_DOWN_SECONDS - time.monotonic()))
         if self.lost:
@@ -545,7 +545,7 @@ def _delete_call_messages(rig: Rig) -> tuple[int, list[int]]:
     returns how many, and their calls. A message a worker took meanwhile is left to it."""
     from django.conf import settings
 
-    from ratejobs.services.dispatch import EXECUTE_CALLS_TASK
+    from ratejobs.worker.dispatch import EXECUTE_CALLS_TASK
 
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
     queue = f"{prefix}{settings.CELERY_TASK_DEFAULT_QUEUE}"

@@ -189,8 +189,8 @@ def run_ratejobs(ctx: Context) -> Row:
     from ratejobs.models import Call, Job
     from ratejobs.selectors.apis import api_limiter_state
     from ratejobs.services.apis import api_create
-    from ratejobs.services.dispatch import dispatch_window
     from ratejobs.services.jobs import job_create
+    from ratejobs.worker.dispatch import dispatch_window
 
     api = api_create(
         name=f"bench-jobs-{uuid.uuid4().hex[:8]}",

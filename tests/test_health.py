@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from ratejobs.models import WorkerProcess
-from ratejobs.services.workers import database_now
+from ratejobs.worker.heartbeats import database_now
 
 pytestmark = pytest.mark.usefixtures("services_redis")
 

@@ -1,6 +1,8 @@
 """The code's layout, read from its imports (every import, at module level or inside a function):
-the limiter and the HTTP execution know nothing of Django or Celery, and the way from an
-upload to a recorded result reads top to bottom, with no import cycle (issue 10)."""
+the limiter, the HTTP execution and the worker's pool of threads know nothing of Django or
+Celery, the way from an upload to a recorded result reads top to bottom, with no import cycle
+(issue 10), and each package is one idea (issue 23): the worker's machinery (ratejobs.worker)
+is run by the tasks, not by the services it drives."""
 
 from __future__ import annotations
 
@@ -34,15 +36,15 @@ def test_the_limiter_and_the_execution_import_neither_django_nor_celery():
     framework = {
         name: sorted(i for i in found if i.split(".")[0] in ("django", "celery"))
         for name, found in graph.items()
-        if name.startswith(("ratejobs.limiter", "ratejobs.execution"))
+        if name.startswith(("ratejobs.limiter", "ratejobs.execution", "ratejobs.worker.pool"))
     }
     assert {name: found for name, found in framework.items() if found} == {}
 
 
-LAYERS = ("ratejobs.services", "ratejobs.tasks", "ratejobs.dispatch")
+LAYERS = ("ratejobs.services", "ratejobs.tasks", "ratejobs.worker")
 
 
-def test_no_import_cycle_between_dispatch_services_and_tasks():
+def test_no_import_cycle_between_worker_services_and_tasks():
     graph = imports_of_every_module()
     ours = {
         name: {i for i in found if i in graph and i.startswith(LAYERS)}
@@ -63,3 +65,17 @@ def test_no_import_cycle_between_dispatch_services_and_tasks():
     assert cycles == []
     # and nothing below the tasks knows them: messages go out by task name
     assert not [name for name, found in ours.items() if "ratejobs.tasks" in found]
+
+
+def test_only_the_tasks_start_the_worker_engine():
+    """The engine (a process's heartbeats, sweeps and pool of threads) and its pool belong to a
+    worker process: the tasks start it (and project/celery.py, outside the package); services,
+    selectors and pages never do."""
+    graph = imports_of_every_module()
+    machinery = ("ratejobs.worker.engine", "ratejobs.worker.pool")
+    users = {
+        name
+        for name, found in graph.items()
+        if any(i.startswith(machinery) for i in found) and not name.startswith("ratejobs.worker")
+    }
+    assert users == {"ratejobs.tasks"}

@@ -20,8 +20,8 @@ from django.utils import timezone
 from ratejobs.namespace import check_namespace, namespace_for_database
 from ratejobs.selectors.apis import api_key_buckets, api_rate_history
 from ratejobs.services.apis import api_limiter, api_limiter_reset
-from ratejobs.services.dispatch import schedule_wakeup
-from ratejobs.services.workers import database_now
+from ratejobs.worker.dispatch import schedule_wakeup
+from ratejobs.worker.heartbeats import database_now
 from tests.conftest import _forget_redis_clients
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from django.db import connection
 from ratejobs.models import WorkerProcess
 from ratejobs.namespace import limiter_namespace
 from ratejobs.services.apis import connect_redis
-from ratejobs.services.workers import database_now
+from ratejobs.worker.heartbeats import database_now
 
 OK, DEGRADED, DOWN = "ok", "degraded", "down"
 # A Redis that does not answer a PING within this long counts as down: a health check must

@@ -31,8 +31,8 @@ from ratejobs.services.credentials import (
     missing_credential_keys,
     missing_keys_error,
 )
-from ratejobs.services.dispatch import request_dispatch
-from ratejobs.services.workers import database_now
+from ratejobs.worker.dispatch import request_dispatch
+from ratejobs.worker.heartbeats import database_now
 
 logger = logging.getLogger(__name__)
 

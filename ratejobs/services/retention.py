@@ -21,7 +21,7 @@ from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
 from ratejobs.namespace import redis_key
 from ratejobs.services.apis import redis_client
 from ratejobs.services.kept_uploads import kept_uploads_remove_expired
-from ratejobs.services.workers import database_now
+from ratejobs.worker.heartbeats import database_now
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent, WorkerProcess
 from ratejobs.selectors.overview import TRAFFIC_BUCKETS
 from ratejobs.services.apis import api_block
-from ratejobs.services.workers import database_now
+from ratejobs.worker.heartbeats import database_now
 
 PAGE_URL = reverse("ratejobs_overview")
 DATA_URL = reverse("ratejobs_overview_data")

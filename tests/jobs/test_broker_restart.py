@@ -10,8 +10,8 @@ import pytest
 
 from ratejobs.devredis import start_private_redis
 from ratejobs.models import Call
-from ratejobs.services.reconcile import broker_restarted, reconcile
-from ratejobs.services.workers import database_now
+from ratejobs.worker.heartbeats import database_now
+from ratejobs.worker.reconcile import broker_restarted, reconcile
 
 
 @pytest.mark.django_db

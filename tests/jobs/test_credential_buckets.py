@@ -17,8 +17,8 @@ from ratejobs.services import credentials as credential_services
 from ratejobs.services.apis import api_limiter, api_limiter_reset, redis_client
 from ratejobs.services.calls import call_execute, calls_claim, calls_reserve_slots
 from ratejobs.services.credentials import credentials_add, key_secrets
-from ratejobs.services.dispatch import _credential_buckets_running, dispatch_window
 from ratejobs.services.jobs import job_create
+from ratejobs.worker.dispatch import _credential_buckets_running, dispatch_window
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("services_redis")]
 

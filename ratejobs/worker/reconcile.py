@@ -19,13 +19,13 @@ from ratejobs.models import Call, Job
 from ratejobs.namespace import redis_key
 from ratejobs.services.apis import connect_redis, redis_client
 from ratejobs.services.callbacks import callbacks_requeue
-from ratejobs.services.dispatch import dispatch_api, request_dispatch, schedule_wakeup
 from ratejobs.services.jobs import (
     job_cancel_leftovers,
     job_complete_if_done,
     jobs_cancel_past_deadline,
 )
-from ratejobs.services.workers import database_now, owner_is_dead, workers_forget_long_gone
+from ratejobs.worker.dispatch import dispatch_api, request_dispatch, schedule_wakeup
+from ratejobs.worker.heartbeats import database_now, owner_is_dead, workers_forget_long_gone
 
 logger = logging.getLogger(__name__)
 

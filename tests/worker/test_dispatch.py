@@ -17,9 +17,9 @@ from project.celery import app
 from ratejobs.models import Call, Job
 from ratejobs.namespace import broker_key
 from ratejobs.services.apis import api_create
-from ratejobs.services.dispatch import dispatch_api, dispatch_window
 from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume
-from ratejobs.services.reconcile import reconcile
+from ratejobs.worker.dispatch import dispatch_api, dispatch_window
+from ratejobs.worker.reconcile import reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -227,8 +227,8 @@ def test_calls_a_dead_worker_dispatched_go_back_and_the_others_stay(
     from datetime import timedelta
 
     from ratejobs.models import WorkerProcess
-    from ratejobs.services import reconcile as reconciling
-    from ratejobs.services.workers import database_now
+    from ratejobs.worker import reconcile as reconciling
+    from ratejobs.worker.heartbeats import database_now
 
     api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=1)
     now = database_now()

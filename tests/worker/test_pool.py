@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from ratejobs.execution.pool import CallPool
+from ratejobs.worker.pool import CallPool
 
 
 def test_reserve_gives_what_is_free_and_no_more():

@@ -24,7 +24,7 @@ from django.db.models.functions import Coalesce, NullIf
 from ratejobs.models import Api, ApiCredential, Call, Job
 from ratejobs.namespace import redis_key
 from ratejobs.services.apis import redis_client
-from ratejobs.services.workers import database_now
+from ratejobs.worker.heartbeats import database_now
 
 logger = logging.getLogger(__name__)
 

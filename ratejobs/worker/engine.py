@@ -9,7 +9,7 @@ touch Redis and the network only.
 
 A message is acknowledged when its calls are running, not finished: what keeps a call from
 being lost when its process dies is its claim in the database, which the sweep takes back when
-the process stops sending heartbeats (services/reconcile.calls_recover_orphans).
+the process stops sending heartbeats (worker/reconcile.calls_recover_orphans).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from ratejobs.execution.pool import CallPool
 from ratejobs.namespace import redis_key
 from ratejobs.services.apis import redis_client
 from ratejobs.services.calls import (
@@ -40,9 +39,10 @@ from ratejobs.services.calls import (
     calls_record_outcomes,
     calls_reserve_slots,
 )
-from ratejobs.services.dispatch import request_dispatch
-from ratejobs.services.reconcile import calls_recover_orphans, calls_release_claim
-from ratejobs.services.workers import process_owner, worker_forget, worker_heartbeat
+from ratejobs.worker.dispatch import request_dispatch
+from ratejobs.worker.heartbeats import process_owner, worker_forget, worker_heartbeat
+from ratejobs.worker.pool import CallPool
+from ratejobs.worker.reconcile import calls_recover_orphans, calls_release_claim
 
 logger = logging.getLogger(__name__)
 
