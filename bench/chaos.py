@@ -487,8 +487,8 @@ class LostMessages:
         rig.notes.append(f"deleted {messages} messages of {len(call_ids)} calls from the broker")
 
     def recover(self, rig: Rig) -> None:
+        from ratejobs.infra.clock import database_now
         from ratejobs.models import Call
-        from ratejobs.worker.heartbeats import database_now
 
         time.sleep(max(0.0, self.lost_at + BEAT_DOWN_SECONDS - time.monotonic()))
         if self.lost:

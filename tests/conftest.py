@@ -19,10 +19,10 @@ import redis
 from django.conf import settings
 
 from ratejobs import devredis
+from ratejobs.infra import connections, limiters
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.models import Api, Job
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.services import apis as api_services
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 from tests.before_settings import redis_server
@@ -144,10 +144,10 @@ def make_limiter(redis_client, unique_name) -> Iterator[Callable[..., Limiter]]:
 
 def _forget_redis_clients() -> None:
     """Drop the process's cached Redis client and limiters so the next use reads REDIS_URL."""
-    if api_services.redis_client.cache_info().currsize:
-        api_services.redis_client().connection_pool.disconnect()
-    api_services.redis_client.cache_clear()
-    api_services._limiters.clear()
+    if connections.redis_client.cache_info().currsize:
+        connections.redis_client().connection_pool.disconnect()
+    connections.redis_client.cache_clear()
+    limiters._limiters.clear()
 
 
 @pytest.fixture

@@ -79,3 +79,22 @@ def test_only_the_tasks_start_the_worker_engine():
         if any(i.startswith(machinery) for i in found) and not name.startswith("ratejobs.worker")
     }
     assert users == {"ratejobs.tasks"}
+
+
+def test_selectors_never_import_services():
+    """Selectors read; services write. What both stand on (the Redis client, each API's limiter
+    object, the database's clock) lives in ratejobs.infra, which knows neither."""
+    graph = imports_of_every_module()
+    reads_writes = {
+        name: sorted(i for i in found if i.startswith("ratejobs.services"))
+        for name, found in graph.items()
+        if name.startswith("ratejobs.selectors")
+    }
+    assert {name: found for name, found in reads_writes.items() if found} == {}
+    above = ("ratejobs.services", "ratejobs.selectors", "ratejobs.worker", "ratejobs.tasks")
+    infra = {
+        name: sorted(i for i in found if i.startswith(above))
+        for name, found in graph.items()
+        if name.startswith("ratejobs.infra")
+    }
+    assert {name: found for name, found in infra.items() if found} == {}

@@ -44,9 +44,9 @@ from ratejobs.execution.outbound import OutboundPolicy, Resolver, policy_for, re
 from ratejobs.execution.request import HttpRequest
 from ratejobs.execution.urls import validate_base_url
 from ratejobs.headers import parse_retry_after
+from ratejobs.infra.clock import database_now
 from ratejobs.models import Call, CallbackStatus, Job, SigningKey
 from ratejobs.signing import SIGNATURE_HEADER, new_secret, signature_header
-from ratejobs.worker.heartbeats import database_now
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from django.db import transaction
 from django.db.models import F, Min, Q, Value
 from django.db.models.functions import Coalesce, NullIf
 
+from ratejobs.infra.clock import database_now
+from ratejobs.infra.connections import redis_client
 from ratejobs.models import Api, ApiCredential, Call, Job
 from ratejobs.namespace import redis_key
-from ratejobs.services.apis import redis_client
-from ratejobs.worker.heartbeats import database_now
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
+from ratejobs.infra.connections import redis_client
 from ratejobs.namespace import redis_key
-from ratejobs.services.apis import redis_client
 from ratejobs.services.calls import (
     Claimed,
     Finished,

@@ -1,5 +1,5 @@
-"""Worker processes as the database sees them: one clock for every process, and heartbeats
-that tell a live claim from one whose process died."""
+"""Worker processes as the database sees them: heartbeats that tell a live claim from one
+whose process died (on the database's clock, ratejobs.infra.clock)."""
 
 from __future__ import annotations
 
@@ -9,23 +9,10 @@ import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection
 from django.db.models import Q
-from django.utils import timezone
 
+from ratejobs.infra.clock import database_now
 from ratejobs.models import WorkerProcess
-
-
-def database_now() -> datetime:
-    """The database's time: whether a call is due, and how long a claim or a heartbeat lasts,
-    is judged on this one clock, never on each worker's own (which may be minutes off)."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT clock_timestamp()")
-            return cursor.fetchone()[0]
-    # SQLite is a file on this machine: its clock is this machine's.
-    return timezone.now()
-
 
 _owner: tuple[int, str] | None = None
 

@@ -15,9 +15,10 @@ import redis
 from django.conf import settings
 from django.db.models import Q, QuerySet
 
+from ratejobs.infra.clock import database_now
+from ratejobs.infra.connections import connect_redis, redis_client
 from ratejobs.models import Call, Job
 from ratejobs.namespace import redis_key
-from ratejobs.services.apis import connect_redis, redis_client
 from ratejobs.services.callbacks import callbacks_requeue
 from ratejobs.services.jobs import (
     job_cancel_leftovers,
@@ -25,7 +26,7 @@ from ratejobs.services.jobs import (
     jobs_cancel_past_deadline,
 )
 from ratejobs.worker.dispatch import dispatch_api, request_dispatch, schedule_wakeup
-from ratejobs.worker.heartbeats import database_now, owner_is_dead, workers_forget_long_gone
+from ratejobs.worker.heartbeats import owner_is_dead, workers_forget_long_gone
 
 logger = logging.getLogger(__name__)
 

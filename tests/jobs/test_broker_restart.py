@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from ratejobs.devredis import start_private_redis
+from ratejobs.infra.clock import database_now
 from ratejobs.models import Call
-from ratejobs.worker.heartbeats import database_now
 from ratejobs.worker.reconcile import broker_restarted, reconcile
 
 

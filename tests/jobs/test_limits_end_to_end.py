@@ -10,9 +10,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call
 from ratejobs.sandbox import Sandbox
-from ratejobs.services.apis import api_create, api_limiter
+from ratejobs.services.apis import api_create
 from ratejobs.services.calls import (
     Finished,
     call_attempt,

@@ -226,9 +226,9 @@ def test_calls_a_dead_worker_dispatched_go_back_and_the_others_stay(
     # messages), and beat's reconciler, which names no process
     from datetime import timedelta
 
+    from ratejobs.infra.clock import database_now
     from ratejobs.models import WorkerProcess
     from ratejobs.worker import reconcile as reconciling
-    from ratejobs.worker.heartbeats import database_now
 
     api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=1)
     now = database_now()
