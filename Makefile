@@ -38,7 +38,7 @@ demo: venv
 # The fault suite: a job per fault (worker killed, PostgreSQL and Redis restarted, Redis rolled
 # back, beat stopped, broker full) on private PostgreSQL and Redis; a few minutes. Run by .ci/run.
 chaos: venv
-	$(PY) -m bench.chaos
+	$(PY) -m faults.chaos
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -18,7 +18,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from ratejobs import devredis
+from devtools import devredis
 from ratejobs.infra import connections, limiters
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.models import Api, Job

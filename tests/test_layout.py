@@ -2,7 +2,8 @@
 the limiter, the HTTP execution and the worker's pool of threads know nothing of Django or
 Celery, the way from an upload to a recorded result reads top to bottom, with no import cycle
 (issue 10), and each package is one idea (issue 23): the worker's machinery (ratejobs.worker)
-is run by the tasks, not by the services it drives."""
+is run by the tasks, not by the services it drives, and the development tools (sandbox,
+devtools, faults, bench) stay out of the app."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "ratejobs"
 
 
-def imports_of_every_module() -> dict[str, set[str]]:
+def imports_of_every_module(*, everything: bool = False) -> dict[str, set[str]]:
+    """What each module of ratejobs imports of ratejobs, Django and Celery (or, `everything`,
+    of any package)."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         if "migrations" in path.parts:
@@ -27,6 +30,8 @@ def imports_of_every_module() -> dict[str, set[str]]:
                 found.add(node.module)
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
         graph[name] = found
+    if everything:
+        return graph
     return {name: {i for i in found if i in graph or i.split(".")[0] in ("django", "celery")}
             for name, found in graph.items()}  # fmt: skip
 
@@ -98,3 +103,18 @@ def test_selectors_never_import_services():
         if name.startswith("ratejobs.infra")
     }
     assert {name: found for name, found in infra.items() if found} == {}
+
+
+DEVELOPMENT_TOOLS = ("sandbox", "devtools", "faults", "bench", "scripts", "tests")
+
+
+def test_the_app_never_imports_the_development_tools():
+    """The sandbox API, the private Redis, the process helpers, the fault suite and the
+    benchmarks are for a developer's machine, the tests and CI; the app (ratejobs/, what the
+    image ships) works without them."""
+    graph = imports_of_every_module(everything=True)
+    tools = {
+        name: sorted(i for i in found if i.split(".")[0] in DEVELOPMENT_TOOLS)
+        for name, found in graph.items()
+    }
+    assert {name: found for name, found in tools.items() if found} == {}

@@ -122,7 +122,7 @@ def test_the_rate_history_is_read_under_the_namespace(api, namespaces, redis_dow
 def redis_down_later(settings) -> Callable[[], None]:
     """Call it to point the services at a port nobody listens on (the settings fixture puts the
     real URL back)."""
-    from ratejobs import devredis
+    from devtools import devredis
 
     def down() -> None:
         settings.REDIS_URL = f"redis://127.0.0.1:{devredis.free_port()}/0"

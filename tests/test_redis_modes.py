@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ratejobs import devredis
+from devtools import devredis
 from ratejobs.infra import connections
 from ratejobs.infra.connections import connect_redis
 from ratejobs.limiter import Limiter, LimiterConfig

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from ratejobs.devredis import free_port
-from ratejobs.processes import child_pids, stop_process_group
+from devtools.devredis import free_port
+from devtools.processes import child_pids, stop_process_group
 from tests.realparts import PROJECT_ROOT, database_url
 
 # gunicorn imports Django and opens its first connections in a few seconds on a busy machine.

@@ -10,7 +10,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from rest_framework.authtoken.models import Token
 
-from ratejobs.devredis import free_port
+from devtools.devredis import free_port
 from ratejobs.models import Call, Job
 from ratejobs.services.jobs import job_create
 from tests.api.realserver import post_raw

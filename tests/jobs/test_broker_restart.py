@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ratejobs.devredis import start_private_redis
+from devtools.devredis import start_private_redis
 from ratejobs.infra.clock import database_now
 from ratejobs.models import Call
 from ratejobs.worker.reconcile import broker_restarted, reconcile

@@ -11,7 +11,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from ratejobs.devredis import RedisServer, start_private_redis
+from devtools.devredis import RedisServer, start_private_redis
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api
 from ratejobs.services.apis import api_create

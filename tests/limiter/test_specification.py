@@ -23,7 +23,8 @@ import redis
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ratejobs import devredis
+from devtools import devredis
+from devtools.processes import ci_requires_every_check
 from ratejobs.limiter import (
     Grant,
     Limiter,
@@ -32,7 +33,6 @@ from ratejobs.limiter import (
     WaitTooLong,
     Window,
 )
-from ratejobs.processes import ci_requires_every_check
 from tests.limiter.conftest import SLOT_ROUNDING_US
 
 MICROS = 1_000_000

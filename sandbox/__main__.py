@@ -1,4 +1,4 @@
-"""`python -m ratejobs.sandbox --port 8081 --rate 20 --burst 5`: see --help for the rest."""
+"""`python -m sandbox --port 8081 --rate 20 --burst 5`: see --help for the rest."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from ratejobs.sandbox.config import parse_argv
-from ratejobs.sandbox.process import READY_PREFIX
-from ratejobs.sandbox.server import Sandbox
+from sandbox.config import parse_argv
+from sandbox.process import READY_PREFIX
+from sandbox.server import Sandbox
 
 STDIN_FD = 0
 

@@ -19,10 +19,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ratejobs.sandbox.bucket import MAIN, TOKENS
-from ratejobs.sandbox.config import SandboxConfig
-from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
-from ratejobs.sandbox.state import THROTTLED, Admission, Answer, SandboxState
+from sandbox.bucket import MAIN, TOKENS
+from sandbox.config import SandboxConfig
+from sandbox.process import SandboxProcess, start_sandbox_process
+from sandbox.state import THROTTLED, Admission, Answer, SandboxState
 
 __all__ = ["Sandbox", "SandboxConfig", "SandboxProcess", "start_sandbox_process"]
 

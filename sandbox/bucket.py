@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ratejobs.sandbox.config import SandboxConfig
+    from sandbox.config import SandboxConfig
 
 NS_PER_S = 1_000_000_000
 

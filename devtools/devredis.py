@@ -2,8 +2,8 @@
 
 No Django and no Celery here: tests/conftest.py and `make demo` use it before either is set up.
 
-    python -m ratejobs.devredis ensure   # print a usable URL, starting a daemon if needed
-    python -m ratejobs.devredis stop     # stop the daemon that `ensure` started
+    python -m devtools.devredis ensure   # print a usable URL, starting a daemon if needed
+    python -m devtools.devredis stop     # stop the daemon that `ensure` started
 """
 
 from __future__ import annotations
@@ -257,7 +257,7 @@ def _cli_stop(run_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ratejobs.devredis", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m devtools.devredis", description=__doc__)
     parser.add_argument("command", choices=["ensure", "stop"])
     parser.add_argument("--url", default=os.environ.get("REDIS_URL", DEFAULT_URL))
     parser.add_argument("--run-dir", type=Path, default=Path(".run"))

@@ -1,4 +1,4 @@
-"""What a sandbox enforces and advertises; each field is one `python -m ratejobs.sandbox` flag."""
+"""What a sandbox enforces and advertises; each field is one `python -m sandbox` flag."""
 
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ class SandboxConfig:
 def build_parser() -> argparse.ArgumentParser:
     defaults = SandboxConfig()
     parser = argparse.ArgumentParser(
-        prog="python -m ratejobs.sandbox",
+        prog="python -m sandbox",
         description="A real rate-limited HTTP API for tests, the demo and benchmarks.",
     )
     parser.add_argument("--host", default=defaults.host)

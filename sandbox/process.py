@@ -1,4 +1,4 @@
-"""Run a sandbox as its own process (`python -m ratejobs.sandbox`), out of the test's GIL."""
+"""Run a sandbox as its own process (`python -m sandbox`), out of the test's GIL."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from ratejobs.sandbox.config import SandboxConfig
+from sandbox.config import SandboxConfig
 
-# The first line `python -m ratejobs.sandbox` prints, once it is listening.
+# The first line `python -m sandbox` prints, once it is listening.
 READY_PREFIX = "sandbox listening on "
 # An interpreter starts and binds in well under a second; a loaded CI machine gets slack.
 START_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 5.0
 HTTP_TIMEOUT_S = 10.0
 # The directory holding the ratejobs package, so the child imports the same code.
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+_PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Control calls go straight to the sandbox, whatever proxy the environment names.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -87,13 +87,13 @@ class SandboxProcess:
 
 
 def start_sandbox_process(*, timeout: float = START_TIMEOUT_S, **options: Any) -> SandboxProcess:
-    """Start `python -m ratejobs.sandbox` on a free port with SandboxConfig `options` and return
+    """Start `python -m sandbox` on a free port with SandboxConfig `options` and return
     once it answers."""
     config = SandboxConfig(**options)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_PROJECT_ROOT), env.get("PYTHONPATH")]))
     process = subprocess.Popen(
-        [sys.executable, "-m", "ratejobs.sandbox", *config.to_argv(), "--stop-on-stdin-close"],
+        [sys.executable, "-m", "sandbox", *config.to_argv(), "--stop-on-stdin-close"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env=env,

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ratejobs.sandbox.bucket import MAIN, NS_PER_S, TOKENS, Decision, Limits, window_name
-from ratejobs.sandbox.config import SandboxConfig
+from sandbox.bucket import MAIN, NS_PER_S, TOKENS, Decision, Limits, window_name
+from sandbox.config import SandboxConfig
 
 THROTTLED = 429
 ERROR = 500
@@ -262,7 +262,7 @@ class SandboxState:
                 self._answers.popitem(last=False)
 
     def stats(self, *, window: float | None = None, detail: bool = False) -> dict[str, Any]:
-        """What /__stats answers; the keys are listed in ratejobs/sandbox/__init__.py."""
+        """What /__stats answers; the keys are listed in sandbox/__init__.py."""
         with self.lock:
             config = self.config
             log = list(self._log)

@@ -1,7 +1,7 @@
 """A real rate-limited HTTP API standing in for the third party in tests, the demo and benchmarks.
 
 No Django and no Celery here. Serve it in-process with `Sandbox`, as a child process with
-`start_sandbox_process`, or from a shell with `python -m ratejobs.sandbox --port 8081 --rate 20
+`start_sandbox_process`, or from a shell with `python -m sandbox --port 8081 --rate 20
 --burst 5` (`--help` lists the flags; each is a `SandboxConfig` field).
 
 Every request to an API route is an *arrival*. The server decides it on arrival with a GCRA
@@ -75,8 +75,8 @@ digest: a credential is never shown), and retry_after_violations counts each val
 
 from __future__ import annotations
 
-from ratejobs.sandbox.config import SandboxConfig
-from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
-from ratejobs.sandbox.server import Sandbox
+from sandbox.config import SandboxConfig
+from sandbox.process import SandboxProcess, start_sandbox_process
+from sandbox.server import Sandbox
 
 __all__ = ["Sandbox", "SandboxConfig", "SandboxProcess", "start_sandbox_process"]
