@@ -100,7 +100,7 @@ def redis_url(pytestconfig: pytest.Config) -> str:
 @pytest.fixture
 def throttles_in_the_test_redis(redis_url: str, unique_name: str, settings: Any) -> None:
     """The shared cache (the REST API's job-creation throttle) is the test Redis, under a prefix
-    of this test's own, so no test sees another's counts. Used by every test of tests/api and
+    of this test's own, so no test sees another's counts. Used by every test of tests/rest and
     tests/security, which create jobs through the REST API."""
     settings.CACHES = {
         "default": {

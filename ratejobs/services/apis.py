@@ -11,10 +11,10 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from ratejobs.credentials import check_credential_env, encrypt_secret
+from ratejobs.crypto import check_credential_env, encrypt_secret
 from ratejobs.execution.cost import COST_JSON_FIELD
 from ratejobs.execution.outbound import check_url_allowed, policy_for
-from ratejobs.execution.urls import (
+from ratejobs.execution.targets import (
     ALWAYS_PROTECTED_HEADERS,
     UNSAFE_HEADERS,
     check_header_syntax,

@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from ratejobs.credentials import CredentialError, resolve_credential
+from ratejobs.crypto import CredentialError, resolve_credential
 from ratejobs.execution.execute import (
     ExecutionPolicy,
     Outcome,

@@ -13,7 +13,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from ratejobs.credentials import CredentialError, decrypt_secret, encrypt_secret
+from ratejobs.crypto import CredentialError, decrypt_secret, encrypt_secret
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import (
     CREDENTIAL_KEY_MAX_LENGTH,

@@ -16,7 +16,7 @@ from django.db.models import Count, F, Min, QuerySet, Sum
 from django.utils import timezone
 
 from ratejobs.execution.request import merge_headers
-from ratejobs.execution.urls import check_headers, resolve_url, validate_method
+from ratejobs.execution.targets import check_headers, resolve_url, validate_method
 from ratejobs.infra.clock import database_now
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import Api, Call, Job, JobSecond

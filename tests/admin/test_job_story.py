@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Job, JobSecond, ThrottleEvent
-from ratejobs.selectors.job_limiter import job_block_notice
+from ratejobs.selectors.job_chart import job_block_notice
 from ratejobs.selectors.jobs import job_filter_by_outcome, job_outcome
 from ratejobs.services.apis import api_block
 

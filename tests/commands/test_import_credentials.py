@@ -9,7 +9,7 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from ratejobs.credentials import decrypt_secret
+from ratejobs.crypto import decrypt_secret
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import ApiCredential, Job
 

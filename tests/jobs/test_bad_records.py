@@ -13,7 +13,7 @@ from ratejobs.limiter.config import MAX_BURST, MAX_CONCURRENCY, MAX_PERIOD, MAX_
 from ratejobs.models import MAX_THROTTLED_RETRIES, Api, Call, ThrottleEvent
 from ratejobs.worker.dispatch import calls_per_message, dispatch_window
 from ratejobs.worker.reconcile import reconcile
-from tests.api.test_apis import api_payload
+from tests.rest.test_apis import api_payload
 from tests.worker.test_dispatch import LOCK_WAIT_TIMEOUT_SECONDS, backend_pid, wait_until_blocked
 
 HUGE = 1.7976931348623157e308  # what a schemathesis run got stored as a rate

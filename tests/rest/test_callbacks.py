@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from ratejobs.credentials import decrypt_secret
+from ratejobs.crypto import decrypt_secret
 from ratejobs.models import Job, SigningKey
 from ratejobs.services.callbacks import NOT_ALLOWED_MESSAGE
-from tests.api.test_jobs import counts, job_payload
+from tests.rest.test_jobs import counts, job_payload
 
 HOOK = "http://127.0.0.1:9/hooks/ratejobs"
 

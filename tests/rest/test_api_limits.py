@@ -8,8 +8,8 @@ import pytest
 
 from ratejobs.limiter.config import MAX_WINDOWS
 from ratejobs.models import Api, Call
-from tests.api.test_apis import api_payload
-from tests.api.test_jobs import counts, job_payload
+from tests.rest.test_apis import api_payload
+from tests.rest.test_jobs import counts, job_payload
 
 HOURLY_AND_DAILY = [
     {"rate": 1000, "period": 3600, "burst": 100},

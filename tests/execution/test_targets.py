@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ratejobs.execution import check_headers, resolve_url, validate_base_url, validate_method
-from ratejobs.execution.urls import redact_url
+from ratejobs.execution.targets import redact_url
 
 BASE = "https://api.x.com/v2"
 

@@ -29,14 +29,14 @@ from rest_framework.response import Response
 from rest_framework.settings import api_settings
 from rest_framework.views import APIView
 
-from ratejobs.api.errors import Conflict
-from ratejobs.api.parsers import JobJSONParser, JsonCalls, JsonLinesParser, upload_calls
-from ratejobs.api.serializers import NameField, StrictInputSerializer
-from ratejobs.api.throttles import JobCreateThrottle
-from ratejobs.execution.urls import ALLOWED_METHODS
+from ratejobs.execution.targets import ALLOWED_METHODS
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import MAX_PRIORITY, Api, Call, CallbackStatus, Job, ThrottleEvent
 from ratejobs.permissions import may_delete_records
+from ratejobs.rest.errors import Conflict
+from ratejobs.rest.parsers import JobJSONParser, JsonCalls, JsonLinesParser, upload_calls
+from ratejobs.rest.serializers import NameField, StrictInputSerializer
+from ratejobs.rest.throttles import JobCreateThrottle
 from ratejobs.selectors.jobs import (
     OUTCOME_LABELS,
     call_get_for_job,
@@ -503,7 +503,7 @@ class JobListCreateView(_JobCreateThrottled, generics.GenericAPIView):
 
 class JobUploadView(_JobCreateThrottled, APIView):
     parser_classes = [JsonLinesParser]
-    # Read by ratejobs.api.middleware: this route's own body limit, and no spooling of a
+    # Read by ratejobs.rest.middleware: this route's own body limit, and no spooling of a
     # chunked body, which the view streams itself.
     body_limit_setting = JsonLinesParser.limit_setting
     streams_body = True

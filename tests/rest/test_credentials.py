@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ratejobs.credentials import decrypt_secret
+from ratejobs.crypto import decrypt_secret
 from ratejobs.models import ApiCredential, Call, Job
 
 pytestmark = pytest.mark.django_db

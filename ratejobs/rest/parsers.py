@@ -20,8 +20,8 @@ from rest_framework.exceptions import ParseError, UnsupportedMediaType
 from rest_framework.parsers import BaseParser
 from rest_framework.request import Request
 
-from ratejobs.api.errors import RequestTooLarge
 from ratejobs.json_limits import MAX_JSON_DEPTH, TOO_DEEP
+from ratejobs.rest.errors import RequestTooLarge
 from ratejobs.uploads import NumberedCalls, calls_from_jsonl
 
 # Bytes read from the request at a time.

@@ -23,8 +23,8 @@ from rest_framework.authtoken.models import Token
 
 from ratejobs.models import Call, Job
 from ratejobs.selectors.results import PAGE_BUDGET_BYTES
-from tests.api.realserver import MIB
 from tests.realparts import PROJECT_ROOT
+from tests.rest.realserver import MIB
 
 # A file many times what the sockets between server and client hold (a few MiB on loopback),
 # so the server waits for the client most of the time, and many pages (PAGE_BUDGET_BYTES of

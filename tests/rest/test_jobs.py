@@ -12,9 +12,9 @@ from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from ratejobs.api.errors import RequestTooLarge
-from ratejobs.api.parsers import LimitedJSONParser
 from ratejobs.models import Call, Job, ThrottleEvent
+from ratejobs.rest.errors import RequestTooLarge
+from ratejobs.rest.parsers import LimitedJSONParser
 
 
 def job_payload(api_name: str, calls: list[dict] | None = None, **fields: object) -> dict:

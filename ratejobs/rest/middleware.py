@@ -13,8 +13,8 @@ from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from rest_framework.views import APIView
 
-from ratejobs.api.errors import RequestTooLarge
-from ratejobs.api.parsers import CappedReader, declared_length, is_chunked, too_large
+from ratejobs.rest.errors import RequestTooLarge
+from ratejobs.rest.parsers import CappedReader, declared_length, is_chunked, too_large
 
 # A chunked body is kept in memory up to this size and in a temporary file beyond it.
 SPOOL_MEMORY_BYTES = 1024 * 1024

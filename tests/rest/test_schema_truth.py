@@ -10,7 +10,7 @@ import json
 import pytest
 
 from ratejobs.models import Job
-from tests.api.test_jobs import counts, job_payload
+from tests.rest.test_jobs import counts, job_payload
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""gunicorn configuration (`--config python:tests.api.resolve_no_names`) for a server under a
+"""gunicorn configuration (`--config python:tests.rest.resolve_no_names`) for a server under a
 fuzzer: it resolves no host names but localhost. The fuzzer makes up base URLs, and creating an
 API looks its host up (to refuse private addresses); those names must not reach a DNS server.
 A name that does not resolve passes that check, as it would where the web server has no DNS;

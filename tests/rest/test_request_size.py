@@ -15,10 +15,10 @@ import pytest
 from django.core.exceptions import RequestDataTooBig
 from rest_framework.authtoken.models import Token
 
-from ratejobs.api.errors import exception_handler
-from ratejobs.api.parsers import MAX_JSON_DEPTH
 from ratejobs.models import Call, Job
-from tests.api.realserver import MIB, post_raw
+from ratejobs.rest.errors import exception_handler
+from ratejobs.rest.parsers import MAX_JSON_DEPTH
+from tests.rest.realserver import MIB, post_raw
 
 # What the attacker of issue 9 sent: 60 MiB of calls.
 ATTACK_BYTES = 60 * MIB

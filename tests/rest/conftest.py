@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from tests.api.realserver import web_server  # noqa: F401 (fixture)
+from tests.rest.realserver import web_server  # noqa: F401 (fixture)
 
 
 @pytest.fixture(autouse=True)

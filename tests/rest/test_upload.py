@@ -12,7 +12,7 @@ import requests
 from rest_framework.authtoken.models import Token
 
 from ratejobs.models import Call, Job
-from tests.api.realserver import MIB, post_raw
+from tests.rest.realserver import MIB, post_raw
 
 NDJSON = "application/x-ndjson"
 # What one upload may add to the web process's peak memory, however many lines it has: the

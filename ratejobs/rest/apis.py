@@ -14,9 +14,8 @@ from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ratejobs.api.serializers import NameField, StrictInputSerializer
 from ratejobs.execution.request import MASK
-from ratejobs.execution.urls import HEADER_NAME_PATTERN
+from ratejobs.execution.targets import HEADER_NAME_PATTERN
 from ratejobs.limiter.config import (
     MAX_BURST,
     MAX_CONCURRENCY,
@@ -35,6 +34,7 @@ from ratejobs.models import (
     Api,
 )
 from ratejobs.permissions import can_manage_apis
+from ratejobs.rest.serializers import NameField, StrictInputSerializer
 from ratejobs.selectors.apis import api_get, api_limiter_readings, api_list
 from ratejobs.services.apis import api_create, api_update
 

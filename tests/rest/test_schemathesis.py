@@ -34,7 +34,7 @@ MIN_CASES = 2000
 # job creation is not throttled, or most of the run would test the 429.
 SERVER_ENV = {
     "CELERY_BROKER_URL": "memory://",
-    "GUNICORN_CMD_ARGS": "--config python:tests.api.resolve_no_names",
+    "GUNICORN_CMD_ARGS": "--config python:tests.rest.resolve_no_names",
     "RATEJOBS_JOB_CREATE_RATE": "1000000/min",
 }
 

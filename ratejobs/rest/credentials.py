@@ -19,9 +19,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from ratejobs.api.apis import CanManageApis
-from ratejobs.api.serializers import StrictInputSerializer
 from ratejobs.models import ApiCredential
+from ratejobs.rest.apis import CanManageApis
+from ratejobs.rest.serializers import StrictInputSerializer
 from ratejobs.selectors.apis import api_get, credential_list
 from ratejobs.services.credentials import (
     CREDENTIAL_KEY_SHAPE,

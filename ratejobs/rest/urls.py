@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from ratejobs.api import apis, credentials, index, jobs, signing_keys
+from ratejobs.rest import apis, credentials, index, jobs, signing_keys
 
 app_name = "api"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ratejobs.execution.urls import HEADER_NAME_PATTERN
+from ratejobs.execution.targets import HEADER_NAME_PATTERN
 from ratejobs.models import Api
-from tests.api.test_apis import api_payload
+from tests.rest.test_apis import api_payload
 
 
 def test_an_api_with_an_idempotency_header_shows_it_and_can_drop_it(

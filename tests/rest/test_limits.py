@@ -13,7 +13,7 @@ from rest_framework.authtoken.models import Token
 from devtools.devredis import free_port
 from ratejobs.models import Call, Job
 from ratejobs.services.jobs import job_create
-from tests.api.realserver import post_raw
+from tests.rest.realserver import post_raw
 
 
 def create(client: Any, api_name: str, calls: int = 1) -> Any:

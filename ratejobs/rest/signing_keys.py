@@ -9,8 +9,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from ratejobs.api.serializers import StrictInputSerializer
 from ratejobs.models import SigningKey
+from ratejobs.rest.serializers import StrictInputSerializer
 from ratejobs.selectors.signing_keys import signing_key_for
 from ratejobs.services.callbacks import signing_key_rotate
 
