@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
+.PHONY: venv test test-fast demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
 	bench-export bench-adaptive bench-windows bench-keys chaos
 
 venv:
@@ -27,6 +27,12 @@ test: venv
 	$(PY) -m pytest -n 2 --dist loadfile -m "$(call test_mark,not paced)" $(PYTEST_ARGS) \
 		|| [ $$? -eq 5 ]
 	$(PY) -m pytest -n 0 -m "$(call test_mark,paced)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# The inner loop: everything but the tests that start real Celery workers (e2e), the paced
+# ones and the browser tests, in two processes. `make test` still runs everything.
+test-fast: venv
+	$(PY) -m pytest -n 2 --dist loadfile -m "not e2e and not paced" --ignore=tests/browser \
+		$(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Everything on one machine until Ctrl-C: Redis (found or private), the sandbox API, web on
 # WEB_HOST:WEB_PORT (127.0.0.1:8000; WEB_HOST=0.0.0.0 opens it to the network), two workers, beat, Flower on FLOWER_PORT (5555).

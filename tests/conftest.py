@@ -50,7 +50,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "paced: measures a pace against the wall clock; make test runs these in a pass of their "
         "own, with no other test process beside them",
     )
+    config.addinivalue_line(
+        "markers",
+        "e2e: starts real Celery workers or beat (given to every test using a fixture of "
+        "WORKER_FIXTURES); make test-fast leaves these out",
+    )
     _flush_again_after_a_deadlock()
+
+
+# The fixtures of tests/realparts.py that start a real `celery -A project worker` (or beat).
+WORKER_FIXTURES = frozenset({"start_worker", "module_worker", "shared_worker", "start_beat"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts real Celery processes is marked e2e, so the inner loop
+    (make test-fast) can leave out the slowest tests without each one saying so."""
+    for item in items:
+        if WORKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
 
 
 # A transactional test ends with one TRUNCATE of every table, while a module's shared worker
