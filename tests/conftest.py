@@ -26,7 +26,7 @@ from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 from tests.before_settings import redis_server
-from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
+from tests.realhttp import http_server, marker  # noqa: F401 (fixtures)
 from tests.realparts import (  # noqa: F401 (fixtures)
     module_worker,
     sandbox,
