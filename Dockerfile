@@ -15,6 +15,8 @@ RUN pip install -r requirements.txt
 COPY manage.py ./
 COPY project ./project
 COPY ratejobs ./ratejobs
+# The sandbox API, for the demo profile of docker-compose.yml (`python -m sandbox`).
+COPY sandbox ./sandbox
 
 # Static files are collected into the image and served by whitenoise; the key is a
 # placeholder that exists only for this build step.

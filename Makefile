@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv test demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
+.PHONY: venv test test-fast demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
 	bench-export bench-adaptive bench-windows bench-keys chaos
 
 venv:
@@ -28,6 +28,12 @@ test: venv
 		|| [ $$? -eq 5 ]
 	$(PY) -m pytest -n 0 -m "$(call test_mark,paced)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
+# The inner loop: everything but the tests that start real Celery workers (e2e), the paced
+# ones and the browser tests, in two processes. `make test` still runs everything.
+test-fast: venv
+	$(PY) -m pytest -n 2 --dist loadfile -m "not e2e and not paced" --ignore=tests/browser \
+		$(PYTEST_ARGS) || [ $$? -eq 5 ]
+
 # Everything on one machine until Ctrl-C: Redis (found or private), the sandbox API, web on
 # WEB_HOST:WEB_PORT (127.0.0.1:8000; WEB_HOST=0.0.0.0 opens it to the network), two workers, beat, Flower on FLOWER_PORT (5555).
 # Ctrl-C ends it with status 0: the demo takes the terminal's foreground for its own process
@@ -38,7 +44,7 @@ demo: venv
 # The fault suite: a job per fault (worker killed, PostgreSQL and Redis restarted, Redis rolled
 # back, beat stopped, broker full) on private PostgreSQL and Redis; a few minutes. Run by .ci/run.
 chaos: venv
-	$(PY) -m bench.chaos
+	$(PY) -m faults.chaos
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -8,7 +8,7 @@ Each strategy gets a fresh sandbox enforcing --real-rate while advertising --rat
 on 429, no quota headers) and a fresh limiter configured at --rate; T threads send the calls,
 each 429 fed back to the limiter and sent again until all N have succeeded. Progress goes to
 stderr, the table to stdout. Redis is REDIS_URL or redis://127.0.0.1:6379/0; when nothing
-answers there, a private redis-server is started for the run (ratejobs.devredis).
+answers there, a private redis-server is started for the run (devtools.devredis).
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 
 import redis
 
-from ratejobs import devredis
+from devtools import devredis
 from ratejobs.limiter import Limiter, LimiterConfig
-from ratejobs.sandbox import start_sandbox_process
-from ratejobs.sandbox.drive import DriveResult, drive
+from sandbox import start_sandbox_process
+from sandbox.drive import DriveResult, drive
 
 # The issue's case: a server that really allows 40 % of the configured rate. 100/s advertised
 # and 40/s real keep a 600-call job to about 15-20 s per strategy.

@@ -48,7 +48,7 @@ from urllib3.connection import HTTPConnection
 from bench.jobs import PROJECT_ROOT, BenchError, bench_setup
 from bench.million import start_web
 from bench.retention import insert_generated
-from ratejobs.processes import child_pids, stop_process_group
+from devtools.processes import child_pids, stop_process_group
 
 DEFAULT_CALLS = 1_000_000
 DEFAULT_SMALL_CALLS = 100_000

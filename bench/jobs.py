@@ -36,8 +36,8 @@ from urllib.parse import urlsplit, urlunsplit
 import environ
 import redis
 
-from ratejobs import devredis
-from ratejobs.processes import child_pids, stop_process_group
+from devtools import devredis
+from devtools.processes import child_pids, stop_process_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CALLS = 10_000
@@ -179,7 +179,7 @@ class Context:
     calls: int
     workers: int
     worker: Worker
-    sandbox: Any  # ratejobs.sandbox.process.SandboxProcess, imported once Django is set up
+    sandbox: Any  # sandbox.process.SandboxProcess, imported once Django is set up
     redis: redis.Redis
     owner: Any
 
@@ -189,8 +189,8 @@ def run_ratejobs(ctx: Context) -> Row:
     from ratejobs.models import Call, Job
     from ratejobs.selectors.apis import api_limiter_state
     from ratejobs.services.apis import api_create
-    from ratejobs.services.dispatch import dispatch_window
     from ratejobs.services.jobs import job_create
+    from ratejobs.worker.dispatch import dispatch_window
 
     api = api_create(
         name=f"bench-jobs-{uuid.uuid4().hex[:8]}",
@@ -532,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with contextlib.ExitStack() as cleanup:
         setup = cleanup.enter_context(bench_setup())
-        from ratejobs.sandbox.process import start_sandbox_process
+        from sandbox.process import start_sandbox_process
 
         sandbox = start_sandbox_process(no_limit=True, headers="none")
         cleanup.callback(sandbox.stop)

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import redis
 
-from ratejobs import devredis
+from devtools import devredis
 from ratejobs.limiter import Limiter, LimiterConfig, Window
 
 # Per key: far above what a few processes can ask, so every acquire is granted at once.

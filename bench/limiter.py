@@ -7,7 +7,7 @@ Each contender runs twice with N spawned processes released together by a barrie
 configured rate (how well the limit holds, what it costs in Redis round trips) and once with a
 limit so high that nobody waits (the cost of one acquire, and the most grants per second).
 Progress goes to stderr, the table to stdout. Redis is REDIS_URL or redis://127.0.0.1:6379/0;
-when nothing answers there, a private redis-server is started for the run (ratejobs.devredis).
+when nothing answers there, a private redis-server is started for the run (devtools.devredis).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import redis
 from bench import worker
 from bench.contenders import API_BURST, CONTENDERS, Contender
 from bench.worker import Failure, Job, Report
-from ratejobs import devredis
-from ratejobs.sandbox.process import worst_window
+from devtools import devredis
+from sandbox.process import worst_window
 
 # A modest fleet of Celery workers calling one API; more than the 2 cores, as in production.
 DEFAULT_PROCESSES = 8

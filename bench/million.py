@@ -43,8 +43,8 @@ from bench.jobs import (
     bench_setup,
     wait_for_progress,
 )
-from ratejobs.devredis import free_port
-from ratejobs.processes import stop_process_group
+from devtools.devredis import free_port
+from devtools.processes import stop_process_group
 
 DEFAULT_CALLS = 1_000_000
 DEFAULT_WORKERS = 2
@@ -187,9 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.contrib.auth import get_user_model
 
         from ratejobs.models import Job
-        from ratejobs.sandbox.process import start_sandbox_process
         from ratejobs.services.apis import api_create
         from ratejobs.services.jobs import job_cancel
+        from sandbox.process import start_sandbox_process
 
         sandbox = start_sandbox_process(no_limit=True, headers="none")
         cleanup.callback(sandbox.stop)

@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as cleanup:
         setup = cleanup.enter_context(bench_setup())
         setup.env["PGAPPNAME"] = WORKER_APP_NAME
-        from ratejobs.sandbox.process import start_sandbox_process
+        from sandbox.process import start_sandbox_process
 
         def worker(concurrency: int, pool: str = "prefork") -> Worker:
             started = Worker(setup.env, concurrency, setup.tmp / f"worker-{pool}.log", pool)

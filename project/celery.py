@@ -44,7 +44,7 @@ def start_the_engine(**_: Any) -> None:
     """Every pool process sends heartbeats and sweeps for dead workers' calls from its start,
     not from its first message: after a kill -9 of every pool process, the calls they held
     can be all that is left of a job, and no message would come to start a new one."""
-    from ratejobs.services.engine import engine
+    from ratejobs.worker.engine import engine
 
     try:
         engine()
@@ -57,7 +57,7 @@ def finish_calls_in_flight(**_: Any) -> None:
     """A pool process ends (warm shutdown, max tasks per child): its tasks have returned, but
     the calls they started may still be in flight on its threads. Let them finish and be
     recorded rather than be taken back later and sent twice."""
-    from ratejobs.services.engine import engine_stop
+    from ratejobs.worker.engine import engine_stop
 
     engine_stop(timeout=ENGINE_STOP_SECONDS)
 

@@ -25,7 +25,7 @@ urlpatterns = [
         name="ratejobs_overview_data",
     ),
     path("admin/", admin.site.urls),
-    path("api/", include("ratejobs.api.urls")),
+    path("api/", include("ratejobs.rest.urls")),
     path("metrics", metrics_view, name="metrics"),
     path("healthz", health_view, name="health"),
 ]

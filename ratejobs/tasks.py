@@ -10,9 +10,9 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
 from ratejobs.services import callbacks, retention
-from ratejobs.services import dispatch as dispatching
-from ratejobs.services import reconcile as reconciling
-from ratejobs.services.engine import calls_start, heartbeating_owner
+from ratejobs.worker import dispatch as dispatching
+from ratejobs.worker import reconcile as reconciling
+from ratejobs.worker.engine import calls_start, heartbeating_owner
 
 
 # A database restart fails the claim; a message acknowledged as failed would leave its calls in

@@ -26,9 +26,9 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 
-from ratejobs import devredis  # noqa: E402 (after the path is set)
-from ratejobs.processes import stop_process_group  # noqa: E402
-from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process  # noqa: E402
+from devtools import devredis  # noqa: E402 (after the path is set)
+from devtools.processes import stop_process_group  # noqa: E402
+from sandbox.process import SandboxProcess, start_sandbox_process  # noqa: E402
 
 RUN_DIR = Path(os.environ.get("DEMO_RUN_DIR", PROJECT_ROOT / ".run"))
 LOG_DIR = RUN_DIR / "logs"

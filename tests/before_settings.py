@@ -22,7 +22,7 @@ from collections.abc import Generator
 
 import pytest
 
-from ratejobs import devredis
+from devtools import devredis
 
 redis_server_key = pytest.StashKey[devredis.RedisServer]()
 

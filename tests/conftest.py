@@ -18,15 +18,15 @@ import pytest
 import redis
 from django.conf import settings
 
-from ratejobs import devredis
+from devtools import devredis
+from ratejobs.infra import connections, limiters
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.models import Api, Job
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.services import apis as api_services
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 from tests.before_settings import redis_server
-from tests.execution.conftest import http_server, marker  # noqa: F401 (fixtures)
+from tests.realhttp import http_server, marker  # noqa: F401 (fixtures)
 from tests.realparts import (  # noqa: F401 (fixtures)
     module_worker,
     sandbox,
@@ -50,7 +50,24 @@ def pytest_configure(config: pytest.Config) -> None:
         "paced: measures a pace against the wall clock; make test runs these in a pass of their "
         "own, with no other test process beside them",
     )
+    config.addinivalue_line(
+        "markers",
+        "e2e: starts real Celery workers or beat (given to every test using a fixture of "
+        "WORKER_FIXTURES); make test-fast leaves these out",
+    )
     _flush_again_after_a_deadlock()
+
+
+# The fixtures of tests/realparts.py that start a real `celery -A project worker` (or beat).
+WORKER_FIXTURES = frozenset({"start_worker", "module_worker", "shared_worker", "start_beat"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts real Celery processes is marked e2e, so the inner loop
+    (make test-fast) can leave out the slowest tests without each one saying so."""
+    for item in items:
+        if WORKER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)
 
 
 # A transactional test ends with one TRUNCATE of every table, while a module's shared worker
@@ -100,7 +117,7 @@ def redis_url(pytestconfig: pytest.Config) -> str:
 @pytest.fixture
 def throttles_in_the_test_redis(redis_url: str, unique_name: str, settings: Any) -> None:
     """The shared cache (the REST API's job-creation throttle) is the test Redis, under a prefix
-    of this test's own, so no test sees another's counts. Used by every test of tests/api and
+    of this test's own, so no test sees another's counts. Used by every test of tests/rest and
     tests/security, which create jobs through the REST API."""
     settings.CACHES = {
         "default": {
@@ -144,10 +161,10 @@ def make_limiter(redis_client, unique_name) -> Iterator[Callable[..., Limiter]]:
 
 def _forget_redis_clients() -> None:
     """Drop the process's cached Redis client and limiters so the next use reads REDIS_URL."""
-    if api_services.redis_client.cache_info().currsize:
-        api_services.redis_client().connection_pool.disconnect()
-    api_services.redis_client.cache_clear()
-    api_services._limiters.clear()
+    if connections.redis_client.cache_info().currsize:
+        connections.redis_client().connection_pool.disconnect()
+    connections.redis_client.cache_clear()
+    limiters._limiters.clear()
 
 
 @pytest.fixture

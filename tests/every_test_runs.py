@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ratejobs.processes import ci_requires_every_check
+from devtools.processes import ci_requires_every_check
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from ratejobs.processes import child_pids, stop_process_group
-from ratejobs.sandbox.process import SandboxProcess, start_sandbox_process
+from devtools.processes import child_pids, stop_process_group
+from sandbox.process import SandboxProcess, start_sandbox_process
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # A worker imports Django and connects to the broker in a few seconds even on a busy machine.

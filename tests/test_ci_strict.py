@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ratejobs.processes import ci_requires_every_check
+from devtools.processes import ci_requires_every_check
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ import yaml
 from django.core.management import get_commands, load_command_class
 from jsonschema.validators import validator_for
 
-from ratejobs.sandbox.config import parse_argv
+from sandbox.config import parse_argv
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "tests" / "data" / "compose-spec.json").read_text())
@@ -120,7 +120,7 @@ def test_every_service_command_exists_in_the_project(compose):
             assert argv[2] in get_commands(), name
             command = load_command_class(get_commands()[argv[2]], argv[2])
             command.create_parser("manage.py", argv[2]).parse_args(argv[3:])
-        elif argv[:3] == ["python", "-m", "ratejobs.sandbox"]:
+        elif argv[:3] == ["python", "-m", "sandbox"]:
             config, _ = parse_argv(argv[3:])  # raises SystemExit on an unknown option
             assert config.enforced_rate < config.rate, "the demo sandbox should throttle"
         elif argv[:2] == ["gunicorn", "project.wsgi"]:

@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from ratejobs import devredis
-from ratejobs.devredis import free_port
+from devtools import devredis
+from devtools.devredis import free_port
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEMO_CALLS = 40
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e]  # the demo starts two workers and beat
 
 
 class DemoRun:

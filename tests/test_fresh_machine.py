@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ratejobs import devredis
+from devtools import devredis
 
 ROOT = Path(__file__).resolve().parent.parent
 

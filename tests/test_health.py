@@ -9,8 +9,8 @@ from datetime import timedelta
 
 import pytest
 
+from ratejobs.infra.clock import database_now
 from ratejobs.models import WorkerProcess
-from ratejobs.services.workers import database_now
 
 pytestmark = pytest.mark.usefixtures("services_redis")
 

@@ -1,6 +1,9 @@
 """The code's layout, read from its imports (every import, at module level or inside a function):
-the limiter and the HTTP execution know nothing of Django or Celery, and the way from an
-upload to a recorded result reads top to bottom, with no import cycle (issue 10)."""
+the limiter, the HTTP execution and the worker's pool of threads know nothing of Django or
+Celery, the way from an upload to a recorded result reads top to bottom, with no import cycle
+(issue 10), and each package is one idea (issue 23): the worker's machinery (ratejobs.worker)
+is run by the tasks, not by the services it drives, and the development tools (sandbox,
+devtools, faults, bench) stay out of the app."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "ratejobs"
 
 
-def imports_of_every_module() -> dict[str, set[str]]:
+def imports_of_every_module(*, everything: bool = False) -> dict[str, set[str]]:
+    """What each module of ratejobs imports of ratejobs, Django and Celery (or, `everything`,
+    of any package)."""
     graph: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
         if "migrations" in path.parts:
@@ -25,6 +30,8 @@ def imports_of_every_module() -> dict[str, set[str]]:
                 found.add(node.module)
                 found.update(f"{node.module}.{alias.name}" for alias in node.names)
         graph[name] = found
+    if everything:
+        return graph
     return {name: {i for i in found if i in graph or i.split(".")[0] in ("django", "celery")}
             for name, found in graph.items()}  # fmt: skip
 
@@ -34,15 +41,15 @@ def test_the_limiter_and_the_execution_import_neither_django_nor_celery():
     framework = {
         name: sorted(i for i in found if i.split(".")[0] in ("django", "celery"))
         for name, found in graph.items()
-        if name.startswith(("ratejobs.limiter", "ratejobs.execution"))
+        if name.startswith(("ratejobs.limiter", "ratejobs.execution", "ratejobs.worker.pool"))
     }
     assert {name: found for name, found in framework.items() if found} == {}
 
 
-LAYERS = ("ratejobs.services", "ratejobs.tasks", "ratejobs.dispatch")
+LAYERS = ("ratejobs.services", "ratejobs.tasks", "ratejobs.worker")
 
 
-def test_no_import_cycle_between_dispatch_services_and_tasks():
+def test_no_import_cycle_between_worker_services_and_tasks():
     graph = imports_of_every_module()
     ours = {
         name: {i for i in found if i in graph and i.startswith(LAYERS)}
@@ -63,3 +70,51 @@ def test_no_import_cycle_between_dispatch_services_and_tasks():
     assert cycles == []
     # and nothing below the tasks knows them: messages go out by task name
     assert not [name for name, found in ours.items() if "ratejobs.tasks" in found]
+
+
+def test_only_the_tasks_start_the_worker_engine():
+    """The engine (a process's heartbeats, sweeps and pool of threads) and its pool belong to a
+    worker process: the tasks start it (and project/celery.py, outside the package); services,
+    selectors and pages never do."""
+    graph = imports_of_every_module()
+    machinery = ("ratejobs.worker.engine", "ratejobs.worker.pool")
+    users = {
+        name
+        for name, found in graph.items()
+        if any(i.startswith(machinery) for i in found) and not name.startswith("ratejobs.worker")
+    }
+    assert users == {"ratejobs.tasks"}
+
+
+def test_selectors_never_import_services():
+    """Selectors read; services write. What both stand on (the Redis client, each API's limiter
+    object, the database's clock) lives in ratejobs.infra, which knows neither."""
+    graph = imports_of_every_module()
+    reads_writes = {
+        name: sorted(i for i in found if i.startswith("ratejobs.services"))
+        for name, found in graph.items()
+        if name.startswith("ratejobs.selectors")
+    }
+    assert {name: found for name, found in reads_writes.items() if found} == {}
+    above = ("ratejobs.services", "ratejobs.selectors", "ratejobs.worker", "ratejobs.tasks")
+    infra = {
+        name: sorted(i for i in found if i.startswith(above))
+        for name, found in graph.items()
+        if name.startswith("ratejobs.infra")
+    }
+    assert {name: found for name, found in infra.items() if found} == {}
+
+
+DEVELOPMENT_TOOLS = ("sandbox", "devtools", "faults", "bench", "scripts", "tests")
+
+
+def test_the_app_never_imports_the_development_tools():
+    """The sandbox API, the private Redis, the process helpers, the fault suite and the
+    benchmarks are for a developer's machine, the tests and CI; the app (ratejobs/, what the
+    image ships) works without them."""
+    graph = imports_of_every_module(everything=True)
+    tools = {
+        name: sorted(i for i in found if i.split(".")[0] in DEVELOPMENT_TOOLS)
+        for name, found in graph.items()
+    }
+    assert {name: found for name, found in tools.items() if found} == {}

@@ -8,8 +8,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call, Job
-from ratejobs.services.apis import api_block, api_limiter
+from ratejobs.services.apis import api_block
 
 pytestmark = pytest.mark.usefixtures("services_redis")
 

@@ -17,11 +17,12 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
+from ratejobs.infra.clock import database_now
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.namespace import check_namespace, namespace_for_database
 from ratejobs.selectors.apis import api_key_buckets, api_rate_history
-from ratejobs.services.apis import api_limiter, api_limiter_reset
-from ratejobs.services.dispatch import schedule_wakeup
-from ratejobs.services.workers import database_now
+from ratejobs.services.apis import api_limiter_reset
+from ratejobs.worker.dispatch import schedule_wakeup
 from tests.conftest import _forget_redis_clients
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def test_the_rate_history_is_read_under_the_namespace(api, namespaces, redis_dow
 def redis_down_later(settings) -> Callable[[], None]:
     """Call it to point the services at a port nobody listens on (the settings fixture puts the
     real URL back)."""
-    from ratejobs import devredis
+    from devtools import devredis
 
     def down() -> None:
         settings.REDIS_URL = f"redis://127.0.0.1:{devredis.free_port()}/0"

@@ -13,8 +13,8 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from devtools import devredis
 from project import celery_app
-from ratejobs import devredis
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,7 +121,7 @@ def test_ensure_falls_back_to_the_wheels_redis_server_without_one_on_path(monkey
 
 def test_cli_ensure_starts_a_daemon_that_stop_ends(tmp_path):
     run_dir = tmp_path / "run"
-    args = ("-m", "ratejobs.devredis")
+    args = ("-m", "devtools.devredis")
     ensured = run_python(*args, "ensure", "--url", dead_url(), "--run-dir", str(run_dir))
     assert ensured.returncode == 0, ensured.stderr
     url = ensured.stdout.strip()

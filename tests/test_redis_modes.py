@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ratejobs import devredis
+from devtools import devredis
+from ratejobs.infra import connections
+from ratejobs.infra.connections import connect_redis
 from ratejobs.limiter import Limiter, LimiterConfig
-from ratejobs.services import apis as api_services
-from ratejobs.services.apis import connect_redis
 from tests.limiter.test_cluster import one_node_cluster
 
 
@@ -66,21 +66,21 @@ def test_the_limiter_reaches_its_redis_through_sentinel(sentinel, settings):
     # and the services use it when the settings say so
     settings.REDIS_SENTINELS = [address]
     settings.REDIS_SENTINEL_MASTER = "ratejobs-master"
-    api_services.redis_client.cache_clear()
+    connections.redis_client.cache_clear()
     try:
-        assert api_services.redis_client().ping()
+        assert connections.redis_client().ping()
     finally:
-        api_services.redis_client.cache_clear()
+        connections.redis_client.cache_clear()
 
 
 def test_the_limiter_runs_on_a_cluster_from_the_settings(settings):
     with one_node_cluster() as url:
         settings.REDIS_URL, settings.REDIS_CLUSTER = url, True
-        api_services.redis_client.cache_clear()
+        connections.redis_client.cache_clear()
         try:
-            client = api_services.redis_client()
+            client = connections.redis_client()
             assert type(client).__name__ == "RedisCluster"
             exercise(client)
             client.close()
         finally:
-            api_services.redis_client.cache_clear()
+            connections.redis_client.cache_clear()

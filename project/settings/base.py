@@ -255,7 +255,7 @@ CELERY_BEAT_SCHEDULE = {
     "ratejobs-retention": {"task": "ratejobs.retention", "schedule": RATEJOBS_RETENTION_INTERVAL},
 }
 
-# --- REST API (ratejobs/api/) ---------------------------------------------------------------
+# --- REST API (ratejobs/rest/) ---------------------------------------------------------------
 # One INFO line per throttle decision (api, job and call ids); "json" for one JSON object
 # per line. Celery workers use the same format (project/celery.py).
 RATEJOBS_LOG_FORMAT = env.str("RATEJOBS_LOG_FORMAT", default="text")
@@ -273,17 +273,17 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         # Token first: an anonymous request is then told 401 with `WWW-Authenticate: Token`.
         # DRF's, with bad tokens throttled per address (see "Sign-in throttle" below).
-        "ratejobs.api.authentication.ThrottledTokenAuthentication",
+        "ratejobs.rest.authentication.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["ratejobs.api.parsers.LimitedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["ratejobs.rest.parsers.LimitedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
-    "DEFAULT_PAGINATION_CLASS": "ratejobs.api.pagination.Pagination",
-    "EXCEPTION_HANDLER": "ratejobs.api.errors.exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "ratejobs.rest.pagination.Pagination",
+    "EXCEPTION_HANDLER": "ratejobs.rest.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 SPECTACULAR_SETTINGS = {
@@ -310,13 +310,13 @@ SPECTACULAR_SETTINGS = {
     # Every operation lists the errors it can answer, with the API's error body.
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "ratejobs.api.schema.add_error_responses",
+        "ratejobs.rest.schema.add_error_responses",
     ],
 }
 
 # --- Request size and rate ---------------------------------------------------------------
 # Every REST route refuses a body over its limit with 413 before reading it
-# (ratejobs/api/middleware.py), chunked bodies included. JSON routes take 8 MiB (100,000 calls
+# (ratejobs/rest/middleware.py), chunked bodies included. JSON routes take 8 MiB (100,000 calls
 # of about 80 bytes each), parsed in a bounded way (calls counted first, then built a batch at
 # a time). Larger jobs come as JSON lines to
 # /api/jobs/upload/, read line by line, memory constant in the number of lines.
@@ -326,7 +326,7 @@ RATEJOBS_MAX_CALLS_PER_UPLOAD = env.int("RATEJOBS_MAX_CALLS_PER_UPLOAD", default
 # The REST API reads request bodies itself; Django's cap (admin forms) must never be the one
 # that refuses an API request first.
 DATA_UPLOAD_MAX_MEMORY_SIZE = RATEJOBS_MAX_REQUEST_BYTES
-MIDDLEWARE = ["ratejobs.api.middleware.RequestSizeMiddleware", *MIDDLEWARE]
+MIDDLEWARE = ["ratejobs.rest.middleware.RequestSizeMiddleware", *MIDDLEWARE]
 # Per user, for every way in (REST, admin, submit_job): jobs created through the REST API per
 # period (429 with Retry-After beyond), unfinished (queued, running, paused) jobs, and calls
 # not yet final over them. Superusers included: the limits protect the machine, not data.

@@ -9,7 +9,7 @@ from datetime import timedelta
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ratejobs.selectors.job_limiter import JobChart
+from ratejobs.selectors.job_chart import JobChart
 from ratejobs.selectors.jobs import clock_text, duration_text, rate_text
 
 WIDTH, HEIGHT = 720, 230

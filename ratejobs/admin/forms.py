@@ -10,7 +10,7 @@ from django import forms
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from ratejobs.execution.urls import ALLOWED_METHODS
+from ratejobs.execution.targets import ALLOWED_METHODS
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import (
     CREDENTIAL_KEY_MESSAGE,

@@ -34,7 +34,7 @@ from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import JobSubmitForm
 from ratejobs.admin.lookups import ShownFiltersOnly
 from ratejobs.models import Call, Job, ThrottleEvent
-from ratejobs.selectors.job_limiter import job_block_notice, job_chart
+from ratejobs.selectors.job_chart import job_block_notice, job_chart
 from ratejobs.selectors.jobs import (
     OUTCOME_LABELS,
     STORY_MAX_EVENTS,

@@ -13,7 +13,7 @@ from ratejobs.execution.execute import (
 from ratejobs.execution.http import HttpResult, send, session_for_process
 from ratejobs.execution.outcome import Decision, DecisionKind, classify
 from ratejobs.execution.request import HttpRequest, build_request
-from ratejobs.execution.urls import (
+from ratejobs.execution.targets import (
     check_headers,
     resolve_url,
     validate_base_url,

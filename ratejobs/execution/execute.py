@@ -21,7 +21,7 @@ from ratejobs.execution.http import (
 )
 from ratejobs.execution.outcome import Decision, DecisionKind, classify, classify_unexpected
 from ratejobs.execution.request import HttpRequest
-from ratejobs.execution.urls import redact_url
+from ratejobs.execution.targets import redact_url
 from ratejobs.limiter import (
     Feedback,
     Grant,

@@ -47,7 +47,7 @@ from ratejobs.execution.outbound import (
     refused_address,
 )
 from ratejobs.execution.request import HttpRequest, merge_headers
-from ratejobs.execution.urls import check_climb, redact_url, url_origin
+from ratejobs.execution.targets import check_climb, redact_url, url_origin
 
 ErrorKind = Literal["refused", "connect", "timeout", "connection"]
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratejobs.execution.urls import (
+from ratejobs.execution.targets import (
     Query,
     check_header_syntax,
     check_headers,

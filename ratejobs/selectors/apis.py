@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import Http404
 
+from ratejobs.infra.connections import redis_client
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
 from ratejobs.limiter.buckets import KeyBuckets, key_buckets
 from ratejobs.models import Api, ApiCredential
 from ratejobs.namespace import limiter_key_prefix
 from ratejobs.selectors.jobs import seconds_text
-from ratejobs.services.apis import api_limiter, redis_client
 
 if TYPE_CHECKING:
     from ratejobs.limiter.core import RateSample, WindowState

@@ -13,10 +13,10 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 
+from ratejobs.infra.clock import database_now
+from ratejobs.infra.connections import connect_redis
 from ratejobs.models import WorkerProcess
 from ratejobs.namespace import limiter_namespace
-from ratejobs.services.apis import connect_redis
-from ratejobs.services.workers import database_now
 
 OK, DEGRADED, DOWN = "ok", "degraded", "down"
 # A Redis that does not answer a PING within this long counts as down: a health check must

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from redis.cluster import RedisCluster
-from redis.sentinel import Sentinel
 
-from ratejobs.credentials import check_credential_env, encrypt_secret
+from ratejobs.crypto import check_credential_env, encrypt_secret
 from ratejobs.execution.cost import COST_JSON_FIELD
 from ratejobs.execution.outbound import check_url_allowed, policy_for
-from ratejobs.execution.urls import (
+from ratejobs.execution.targets import (
     ALWAYS_PROTECTED_HEADERS,
     UNSAFE_HEADERS,
     check_header_syntax,
@@ -28,10 +22,11 @@ from ratejobs.execution.urls import (
     url_origin,
     validate_base_url,
 )
-from ratejobs.limiter import Feedback, Limiter
+from ratejobs.infra.connections import redis_client
+from ratejobs.infra.limiters import api_limiter
+from ratejobs.limiter import Feedback
 from ratejobs.limiter.buckets import reset_key_buckets
 from ratejobs.limiter.config import MAX_WINDOWS, Window
-from ratejobs.limiter.core import RATE_SAMPLES_KEPT
 from ratejobs.models import Api, ThrottleEvent, api_windows
 from ratejobs.namespace import limiter_key_prefix
 
@@ -57,84 +52,6 @@ EDITABLE_FIELDS = (
     "cost_header",
     "cost_json_field",
 )
-# Redis calls from the web and workers give up after this long, so a dead Redis turns into a
-# LimiterUnavailable quickly instead of a hung worker.
-REDIS_SOCKET_TIMEOUT = 5.0
-
-
-@functools.cache
-def redis_client() -> redis.Redis | RedisCluster:
-    """One client per process (redis-py's pools are fork-safe), for a plain Redis, the master
-    a set of Sentinels names, or a Redis Cluster, as the settings say."""
-    return connect_redis(
-        settings.REDIS_URL,
-        sentinels=settings.REDIS_SENTINELS,
-        sentinel_master=settings.REDIS_SENTINEL_MASTER,
-        cluster=settings.REDIS_CLUSTER,
-    )
-
-
-def connect_redis(
-    url: str,
-    *,
-    sentinels: list[str],
-    sentinel_master: str,
-    cluster: bool,
-    timeout: float = REDIS_SOCKET_TIMEOUT,
-) -> redis.Redis | RedisCluster:
-    timeouts = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    if cluster:
-        return RedisCluster.from_url(url, **timeouts)
-    if sentinels:
-        # The URL still carries the database, user and password of the master.
-        kwargs = redis.connection.parse_url(url)
-        kwargs = {k: v for k, v in kwargs.items() if k not in ("host", "port")}
-        hosts = [(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in sentinels]
-        sentinel = Sentinel(hosts, sentinel_kwargs=timeouts, **timeouts)
-        return sentinel.master_for(sentinel_master, health_check_interval=30, **kwargs)
-    return redis.Redis.from_url(url, health_check_interval=30, **timeouts)
-
-
-# Limiter objects kept per process, most recently used last: one per API and one per credential
-# key in use, so an API with thousands of customers keeps a bounded number (a Limiter is a few
-# KB; one evicted is rebuilt from its name at its next use, its state lives in Redis).
-MAX_CACHED_LIMITERS = 4096
-_limiters: OrderedDict[str, Limiter] = OrderedDict()
-_limiters_lock = threading.Lock()  # the engine's threads and its recorder share the cache
-
-
-def api_limiter_name(api: Api, credential_key: str = "") -> str:
-    """The API's own limiter is named after it; a credential key's is `{api}:{key}` (an API's
-    name never holds ':', so no key's limiter is another API's)."""
-    return f"{api.name}:{credential_key}" if credential_key else api.name
-
-
-def api_limiter(api: Api, credential_key: str = "") -> Limiter:
-    """The shared limiter for `api` (or for one of its credential keys: a bucket of its own with
-    the API's limits, configured in Redis at its first use), carrying the API's current limits
-    and their version, so a change of them reaches every key's bucket at its next grant."""
-    name = api_limiter_name(api, credential_key)
-    # Keyed by the prefix too: the namespace is a setting, and a limiter of one deployment must
-    # never answer for another's (tests switch it).
-    prefix = limiter_key_prefix()
-    cache_key = f"{prefix}:{name}"
-    with _limiters_lock:
-        limiter = _limiters.get(cache_key)
-        if limiter is None:
-            limiter = _limiters[cache_key] = Limiter(
-                redis_client(),
-                name,
-                key_prefix=prefix,
-                # The chart's history is the API's: thousands of customers' buckets would
-                # each hold 1.5 MB of it (RATE_SAMPLES_KEPT) in Redis.
-                rate_samples_kept=0 if credential_key else RATE_SAMPLES_KEPT,
-            )
-            while len(_limiters) > MAX_CACHED_LIMITERS:
-                _limiters.popitem(last=False)
-        else:
-            _limiters.move_to_end(cache_key)
-    limiter.config = api.limiter_config()
-    return limiter
 
 
 def check_outbound_url(url: str, *, field: str) -> None:

@@ -37,15 +37,15 @@ from django.db.models.functions import Cast, Concat
 from django.urls import reverse
 from django.utils import timezone
 
-from ratejobs.credentials import CredentialError, decrypt_secret, encrypt_secret
+from ratejobs.crypto import CredentialError, decrypt_secret, encrypt_secret
 from ratejobs.execution.backoff import backoff_ceiling, full_jitter
 from ratejobs.execution.http import HttpResult, send, session_for_process
 from ratejobs.execution.outbound import OutboundPolicy, Resolver, policy_for, refused_address
 from ratejobs.execution.request import HttpRequest
-from ratejobs.execution.urls import validate_base_url
+from ratejobs.execution.targets import validate_base_url
 from ratejobs.headers import parse_retry_after
+from ratejobs.infra.clock import database_now
 from ratejobs.models import Call, CallbackStatus, Job, SigningKey
-from ratejobs.services.workers import database_now
 from ratejobs.signing import SIGNATURE_HEADER, new_secret, signature_header
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """Running calls: claim a batch in one statement, send each through the shared limiter (no
 database on the way), record the outcomes of many calls in one transaction.
 
-The engine (services/engine.py) runs these for a worker process, the send on its pool of
+The engine (worker/engine.py) runs these for a worker process, the send on its pool of
 threads; call_execute runs one call start to end in the caller's thread."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q, Subquery
 from django.db.models.functions import Coalesce
 
-from ratejobs.credentials import CredentialError, resolve_credential
+from ratejobs.crypto import CredentialError, resolve_credential
 from ratejobs.execution.execute import (
     ExecutionPolicy,
     Outcome,
@@ -32,18 +32,14 @@ from ratejobs.execution.http import session_for_process
 from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.outcome import Decision
 from ratejobs.execution.request import HttpRequest, build_request, merge_headers
+from ratejobs.infra.clock import database_now
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.limiter import Grant, Limiter, LimiterError
 from ratejobs.models import Api, Call, Job, ThrottleEvent
-from ratejobs.services.apis import api_limiter
 from ratejobs.services.credentials import KeySecret, key_secrets
-from ratejobs.services.dispatch import request_dispatch
 from ratejobs.services.jobs import job_complete_if_done, job_seconds_add
-from ratejobs.services.workers import (
-    database_now,
-    owner_is_dead,
-    process_owner,
-    worker_heartbeat,
-)
+from ratejobs.worker.dispatch import request_dispatch
+from ratejobs.worker.heartbeats import owner_is_dead, process_owner, worker_heartbeat
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from ratejobs.credentials import CredentialError, decrypt_secret, encrypt_secret
+from ratejobs.crypto import CredentialError, decrypt_secret, encrypt_secret
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import (
     CREDENTIAL_KEY_MAX_LENGTH,
     CREDENTIAL_KEY_MESSAGE,
@@ -21,7 +22,6 @@ from ratejobs.models import (
     Api,
     ApiCredential,
 )
-from ratejobs.services.apis import api_limiter
 
 KEY_RE = re.compile(CREDENTIAL_KEY_PATTERN)
 # The same for the REST schema (its `$` matched with fullmatch), and the column's length.

@@ -16,7 +16,8 @@ from django.db.models import Count, F, Min, QuerySet, Sum
 from django.utils import timezone
 
 from ratejobs.execution.request import merge_headers
-from ratejobs.execution.urls import check_headers, resolve_url, validate_method
+from ratejobs.execution.targets import check_headers, resolve_url, validate_method
+from ratejobs.infra.clock import database_now
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import Api, Call, Job, JobSecond
 from ratejobs.permissions import can_submit_to
@@ -31,8 +32,7 @@ from ratejobs.services.credentials import (
     missing_credential_keys,
     missing_keys_error,
 )
-from ratejobs.services.dispatch import request_dispatch
-from ratejobs.services.workers import database_now
+from ratejobs.worker.dispatch import request_dispatch
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet, Subquery
 
+from ratejobs.infra.clock import database_now
+from ratejobs.infra.connections import redis_client
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
 from ratejobs.namespace import redis_key
-from ratejobs.services.apis import redis_client
 from ratejobs.services.kept_uploads import kept_uploads_remove_expired
-from ratejobs.services.workers import database_now
 
 logger = logging.getLogger(__name__)
 

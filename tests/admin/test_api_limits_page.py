@@ -9,8 +9,8 @@ import re
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call, Job
-from ratejobs.services.apis import api_limiter
 from tests.admin.test_api_page import change_url, form_data
 from tests.admin.test_submit import submit
 

@@ -7,8 +7,8 @@ import dataclasses
 from django.urls import reverse
 
 from ratejobs.admin.apis import learned_limit_text
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api, ThrottleEvent
-from ratejobs.services.apis import api_limiter
 
 SECRET = "api-secret-credential"  # the `api` fixture's credential
 

@@ -10,7 +10,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from ratejobs.credentials import decrypt_secret
+from ratejobs.crypto import decrypt_secret
 from ratejobs.models import Job, SigningKey
 from ratejobs.services.callbacks import signing_key_rotate
 from ratejobs.services.jobs import job_cancel

@@ -8,8 +8,9 @@ import re
 
 from django.urls import reverse
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call, Job, ThrottleEvent
-from ratejobs.services.apis import api_block, api_limiter
+from ratejobs.services.apis import api_block
 
 
 def cancel_url(job: Job) -> str:

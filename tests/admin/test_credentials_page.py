@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from django.urls import reverse
 
-from ratejobs.credentials import decrypt_secret
+from ratejobs.crypto import decrypt_secret
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import ApiCredential, Job
-from ratejobs.services.apis import api_limiter
 from ratejobs.services.credentials import credentials_add
 
 SECRET = "Bearer page-canary-secret"

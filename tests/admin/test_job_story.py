@@ -13,10 +13,11 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Job, JobSecond, ThrottleEvent
-from ratejobs.selectors.job_limiter import job_block_notice
+from ratejobs.selectors.job_chart import job_block_notice
 from ratejobs.selectors.jobs import job_filter_by_outcome, job_outcome
-from ratejobs.services.apis import api_block, api_limiter
+from ratejobs.services.apis import api_block
 
 LIST_URL = reverse("admin:ratejobs_job_changelist")
 SECOND_PRECISION = re.compile(r"\b\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\b")

@@ -11,10 +11,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from ratejobs.infra.clock import database_now
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent, WorkerProcess
 from ratejobs.selectors.overview import TRAFFIC_BUCKETS
 from ratejobs.services.apis import api_block
-from ratejobs.services.workers import database_now
 
 PAGE_URL = reverse("ratejobs_overview")
 DATA_URL = reverse("ratejobs_overview_data")

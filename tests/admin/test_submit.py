@@ -10,7 +10,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.templatetags.static import static
 from django.urls import reverse
 
-from ratejobs import devredis
+from devtools import devredis
 from ratejobs.models import Call, Job
 from ratejobs.uploads import CSV_COLUMNS
 

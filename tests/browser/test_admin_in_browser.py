@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api, Job
 from ratejobs.selectors.apis import api_limiter_state
-from ratejobs.services.apis import api_create, api_limiter
+from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]

@@ -12,8 +12,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ratejobs.models import Call, Job
-from tests.api.test_results import OUTCOMES, expected_rows, record_outcomes
 from tests.realparts import PROJECT_ROOT, database_url
+from tests.rest.test_results import OUTCOMES, expected_rows, record_outcomes
 
 pytestmark = pytest.mark.usefixtures("services_redis")
 

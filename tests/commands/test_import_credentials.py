@@ -9,9 +9,9 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from ratejobs.credentials import decrypt_secret
+from ratejobs.crypto import decrypt_secret
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import ApiCredential, Job
-from ratejobs.services.apis import api_limiter
 
 pytestmark = pytest.mark.usefixtures("services_redis")
 

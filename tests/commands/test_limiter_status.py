@@ -9,7 +9,8 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from ratejobs.services.apis import api_block, api_limiter
+from ratejobs.infra.limiters import api_limiter
+from ratejobs.services.apis import api_block
 
 pytestmark = pytest.mark.usefixtures("services_redis")
 

@@ -10,8 +10,8 @@ import re
 import pytest
 from django.core.management import CommandError, call_command
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call
-from ratejobs.services.apis import api_limiter
 from tests.commands.test_limiter_status import status
 from tests.commands.test_submit_job import root, submit  # noqa: F401 (fixture)
 from tests.test_metrics import scrape

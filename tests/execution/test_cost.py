@@ -10,12 +10,12 @@ import threading
 import pytest
 import redis
 
-from ratejobs.devredis import start_private_redis
+from devtools.devredis import start_private_redis
 from ratejobs.execution import ExecutionPolicy, HttpRequest, execute_call
 from ratejobs.execution.cost import COST_JSON_FIELD, cost_from_response, parse_cost
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.limiter.config import MAX_COST, Window
-from ratejobs.sandbox import Sandbox
+from sandbox import Sandbox
 
 
 def body(value: object) -> bytes:

@@ -14,7 +14,7 @@ from ratejobs.execution import ExecutionPolicy, HttpRequest, execute_call
 from ratejobs.execution.execute import LIMITER_UNAVAILABLE_RETRY_SECONDS
 from ratejobs.execution.http import new_session
 from ratejobs.limiter import Limiter, LimiterConfig
-from tests.execution.conftest import LOOPBACK, free_port
+from tests.realhttp import LOOPBACK, free_port
 
 SECRET = "tok-s3cr3t-value"
 POLICY = ExecutionPolicy(

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api, Call, ThrottleEvent
-from ratejobs.services.apis import api_limiter
 from ratejobs.services.calls import call_execute
 from ratejobs.services.jobs import job_create
 

@@ -20,7 +20,7 @@ from ratejobs.execution.http import (
     new_session,
 )
 from ratejobs.execution.outbound import OutboundPolicy
-from tests.execution.conftest import LOOPBACK, free_port
+from tests.realhttp import LOOPBACK, free_port
 
 
 def get(url: str, **headers: str) -> HttpRequest:

@@ -19,7 +19,7 @@ from ratejobs.execution.outbound import (
     check_url_allowed,
     policy_for,
 )
-from tests.execution.conftest import LOOPBACK
+from tests.realhttp import LOOPBACK
 
 DEFAULT = OutboundPolicy()
 

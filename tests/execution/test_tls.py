@@ -23,8 +23,8 @@ from cryptography.x509.oid import NameOID
 
 from ratejobs.execution import HttpRequest, send
 from ratejobs.execution.http import new_session
-from tests.execution.conftest import LOOPBACK
 from tests.execution.test_outbound import answers
+from tests.realhttp import LOOPBACK
 
 NAME = "api.tls.test"  # never looked up: the tests' resolver answers 127.0.0.1 for it
 

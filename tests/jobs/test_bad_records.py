@@ -11,10 +11,10 @@ import pytest
 from ratejobs.limiter import Limiter, LimiterConfig, WaitTooLong
 from ratejobs.limiter.config import MAX_BURST, MAX_CONCURRENCY, MAX_PERIOD, MAX_RATE
 from ratejobs.models import MAX_THROTTLED_RETRIES, Api, Call, ThrottleEvent
-from ratejobs.services.dispatch import calls_per_message, dispatch_window
-from ratejobs.services.reconcile import reconcile
-from tests.api.test_apis import api_payload
-from tests.jobs.test_dispatch import LOCK_WAIT_TIMEOUT_SECONDS, backend_pid, wait_until_blocked
+from ratejobs.worker.dispatch import calls_per_message, dispatch_window
+from ratejobs.worker.reconcile import reconcile
+from tests.rest.test_apis import api_payload
+from tests.worker.test_dispatch import LOCK_WAIT_TIMEOUT_SECONDS, backend_pid, wait_until_blocked
 
 HUGE = 1.7976931348623157e308  # what a schemathesis run got stored as a rate
 
@@ -104,7 +104,7 @@ def test_an_api_the_reconciler_cannot_dispatch_stops_only_itself(make_api, user,
     # stored before the bounds existed, or by hand
     Api.objects.filter(pk=broken.pk).update(rate=HUGE)
     Call.objects.update(dispatched_at=None)
-    with caplog.at_level(logging.ERROR, logger="ratejobs.services.reconcile"):
+    with caplog.at_level(logging.ERROR, logger="ratejobs.worker.reconcile"):
         result = reconcile()
     # expect: the sound API's calls went to the broker; the broken one is named in the log
     assert Call.objects.filter(job__api=sound, dispatched_at__isnull=False).count() == 3

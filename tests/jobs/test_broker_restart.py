@@ -8,10 +8,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ratejobs.devredis import start_private_redis
+from devtools.devredis import start_private_redis
+from ratejobs.infra.clock import database_now
 from ratejobs.models import Call
-from ratejobs.services.reconcile import broker_restarted, reconcile
-from ratejobs.services.workers import database_now
+from ratejobs.worker.reconcile import broker_restarted, reconcile
 
 
 @pytest.mark.django_db

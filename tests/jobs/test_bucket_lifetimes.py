@@ -4,9 +4,10 @@ real Celery worker sends the calls to the sandbox; the limiter keys are read fro
 
 from __future__ import annotations
 
+from ratejobs.infra.connections import redis_client
 from ratejobs.models import Job
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.services.apis import api_create, redis_client
+from ratejobs.services.apis import api_create
 from tests.realparts import wait_for_job
 
 # A cost window besides the rate, so the refund history is written too.

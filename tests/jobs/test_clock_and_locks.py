@@ -13,12 +13,12 @@ import pytest
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from ratejobs.infra.clock import database_now
 from ratejobs.models import Call, Job
 from ratejobs.services.calls import call_execute
-from ratejobs.services.dispatch import dispatch_api
 from ratejobs.services.jobs import job_cancel, job_create, job_lock, job_pause, job_resume
-from ratejobs.services.reconcile import reconcile
-from ratejobs.services.workers import database_now
+from ratejobs.worker.dispatch import dispatch_api
+from ratejobs.worker.reconcile import reconcile
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgresql]
 

@@ -8,17 +8,19 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from ratejobs.infra import limiters
+from ratejobs.infra.connections import redis_client
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.limiter import WaitTooLong
 from ratejobs.limiter.buckets import key_buckets
 from ratejobs.models import Call
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.services import apis as api_services
 from ratejobs.services import credentials as credential_services
-from ratejobs.services.apis import api_limiter, api_limiter_reset, redis_client
+from ratejobs.services.apis import api_limiter_reset
 from ratejobs.services.calls import call_execute, calls_claim, calls_reserve_slots
 from ratejobs.services.credentials import credentials_add, key_secrets
-from ratejobs.services.dispatch import _credential_buckets_running, dispatch_window
 from ratejobs.services.jobs import job_create
+from ratejobs.worker.dispatch import _credential_buckets_running, dispatch_window
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("services_redis")]
 
@@ -53,7 +55,7 @@ def test_a_key_bucket_is_configured_on_first_use_with_the_apis_limits(make_api):
 
 
 def test_the_per_process_caches_of_limiters_and_secrets_stay_bounded(make_api, monkeypatch):
-    monkeypatch.setattr(api_services, "MAX_CACHED_LIMITERS", 5)
+    monkeypatch.setattr(limiters, "MAX_CACHED_LIMITERS", 5)
     monkeypatch.setattr(credential_services, "MAX_CACHED_SECRETS", 5)
     api = make_api()
     credentials_add(api=api, items=[(f"k{i}", f"secret-{i}") for i in range(20)])
@@ -61,9 +63,9 @@ def test_the_per_process_caches_of_limiters_and_secrets_stay_bounded(make_api, m
         api_limiter(api, f"k{i}")
     found = key_secrets(api=api, keys=[f"k{i}" for i in range(20)])
     assert found["k7"].secret == "secret-7"
-    assert len(api_services._limiters) == 5
+    assert len(limiters._limiters) == 5
     assert len(credential_services._secrets) <= 5
-    assert "k19" in str(list(api_services._limiters))  # the most recent stay
+    assert "k19" in str(list(limiters._limiters))  # the most recent stay
 
 
 def test_a_claim_over_three_keys_reserves_each_keys_slots_in_its_own_bucket(make_api, user: Any):

@@ -10,16 +10,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
+from ratejobs.infra.connections import redis_client
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.limiter.buckets import key_buckets
 from ratejobs.models import Api, ApiCredential, Call, Job, ThrottleEvent
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.services.apis import (
-    api_create,
-    api_limiter,
-    api_limiter_reset,
-    api_update,
-    redis_client,
-)
+from ratejobs.services.apis import api_create, api_limiter_reset, api_update
 from ratejobs.services.credentials import credentials_add
 from ratejobs.services.jobs import job_create
 from tests.realparts import wait_for_job

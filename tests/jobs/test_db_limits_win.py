@@ -11,9 +11,10 @@ import pytest
 import redis
 from django.conf import settings
 
-from ratejobs.devredis import RedisServer, start_private_redis
+from devtools.devredis import RedisServer, start_private_redis
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api
-from ratejobs.services.apis import api_create, api_limiter
+from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 from tests.conftest import _forget_redis_clients
 from tests.realparts import wait_for_job

@@ -15,7 +15,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from ratejobs.devredis import start_private_redis
+from devtools.devredis import start_private_redis
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create

@@ -10,9 +10,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call
-from ratejobs.sandbox import Sandbox
-from ratejobs.services.apis import api_create, api_limiter
+from ratejobs.services.apis import api_create
 from ratejobs.services.calls import (
     Finished,
     call_attempt,
@@ -21,6 +21,7 @@ from ratejobs.services.calls import (
     calls_reserve_slots,
 )
 from ratejobs.services.jobs import job_create
+from sandbox import Sandbox
 from tests.realparts import wait_for_job
 from tests.sandbox.conftest import worst_window_excess
 

@@ -12,7 +12,8 @@ from django.db import OperationalError
 from django.utils import timezone
 
 from ratejobs.models import Api, Call, Job
-from ratejobs.services import calls, engine, reconcile
+from ratejobs.services import calls
+from ratejobs.worker import engine, reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -15,9 +15,9 @@ from django.utils import timezone
 from ratejobs.models import Call, Job
 from ratejobs.services.apis import api_create
 from ratejobs.services.calls import calls_claim
-from ratejobs.services.dispatch import dispatch_api
 from ratejobs.services.jobs import job_create
-from ratejobs.services.reconcile import reconcile
+from ratejobs.worker.dispatch import dispatch_api
+from ratejobs.worker.reconcile import reconcile
 from tests.realparts import wait_for_job
 
 

@@ -13,7 +13,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from ratejobs import devredis
+from devtools import devredis
 from ratejobs.models import Api, Call
 from ratejobs.services.calls import call_execute
 from ratejobs.services.jobs import job_create

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import redis
 from redis.cluster import RedisCluster
 
-from ratejobs.devredis import free_port, start_private_redis
+from devtools.devredis import free_port, start_private_redis
 from ratejobs.limiter import Limiter, LimiterConfig
 
 SLOTS = 16384

@@ -11,7 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ratejobs.devredis import start_private_redis
+from devtools.devredis import start_private_redis
 from ratejobs.limiter import Limiter, LimiterConfig, LimiterNotConfigured, LimiterUnavailable
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ratejobs.limiter import Limiter, LimiterConfig
-from ratejobs.sandbox.drive import drive
+from sandbox.drive import drive
 
 # The sandbox advertises CONFIGURED requests/s (the API's published rate, which the limiter is
 # configured with) and enforces REAL; 600 calls at REAL take 10 s, so the test stays short.

@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 
+from ratejobs.infra.connections import redis_client
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.limiter import Limiter, LimiterConfig, Window
 from ratejobs.limiter.core import MICROS
 from ratejobs.models import Call
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.services.apis import api_limiter, api_update, redis_client
+from ratejobs.services.apis import api_update
 from ratejobs.services.calls import calls_claim, calls_reserve_slots
 from ratejobs.services.credentials import credential_delete, credentials_add
 from ratejobs.services.jobs import job_create

@@ -25,7 +25,8 @@ import redis.asyncio
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from ratejobs import devredis
+from devtools import devredis
+from devtools.processes import ci_requires_every_check
 from ratejobs.limiter import (
     AsyncLimiter,
     Grant,
@@ -35,7 +36,6 @@ from ratejobs.limiter import (
     WaitTooLong,
     Window,
 )
-from ratejobs.processes import ci_requires_every_check
 from tests.limiter.conftest import SLOT_ROUNDING_US
 
 MICROS = 1_000_000

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import requests
 
-from ratejobs.sandbox import Sandbox
-from ratejobs.sandbox.server import CONNECTION_THREAD_PREFIX
+from sandbox import Sandbox
+from sandbox.server import CONNECTION_THREAD_PREFIX
 
 # Log times are epoch floats, whose resolution at today's epoch is about 0.24 µs; a recomputed
 # window bound allows that much per end.

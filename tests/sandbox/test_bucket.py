@@ -7,8 +7,8 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratejobs.sandbox.bucket import NS_PER_S, Bucket
-from ratejobs.sandbox.state import Arrival, count_retry_after_violations, worst_count_in_window
+from sandbox.bucket import NS_PER_S, Bucket
+from sandbox.state import Arrival, count_retry_after_violations, worst_count_in_window
 
 MS = 1_000_000
 

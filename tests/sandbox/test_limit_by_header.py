@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from ratejobs.sandbox.config import SandboxConfig, parse_argv
+from sandbox.config import SandboxConfig, parse_argv
 
 
 def _digest(value: str) -> str:

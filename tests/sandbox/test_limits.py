@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratejobs.sandbox.bucket import NS_PER_S, Bucket, Limits
-from ratejobs.sandbox.config import SandboxConfig, parse_argv, parse_quota_spec
-from ratejobs.sandbox.state import worst_sum_in_window
+from sandbox.bucket import NS_PER_S, Bucket, Limits
+from sandbox.config import SandboxConfig, parse_argv, parse_quota_spec
+from sandbox.state import worst_sum_in_window
 
 MS = 1_000_000
 START = 1_000 * NS_PER_S

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from ratejobs.headers import parse_quota
-from ratejobs.sandbox import SandboxConfig, start_sandbox_process
-from ratejobs.sandbox.config import DEFAULT_CLI_PORT, parse_argv
+from sandbox import SandboxConfig, start_sandbox_process
+from sandbox.config import DEFAULT_CLI_PORT, parse_argv
 
 
 def gone(pid: int) -> bool:
@@ -66,7 +66,7 @@ def test_process_start_fails_loudly_on_a_port_in_use():
 
 def test_cli_prints_where_it_listens_first():
     process = subprocess.Popen(
-        [sys.executable, "-m", "ratejobs.sandbox", "--port", "0", "--rate", "3"],
+        [sys.executable, "-m", "sandbox", "--port", "0", "--rate", "3"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -21,7 +21,7 @@ from django.urls import reverse
 from ratejobs.admin.lookups import ShownFiltersOnly, shown_filter_parameters
 from ratejobs.models import ThrottleEvent
 from ratejobs.services.callbacks import signing_key_rotate
-from tests.api.realserver import web_server  # noqa: F401 (fixture)
+from tests.rest.realserver import web_server  # noqa: F401 (fixture)
 
 KEY = "sk_live_DEFAULTHDR_SECRET_42"
 # What a prober tries on a field: its value, and a pattern (of a key's value on a JSON field).

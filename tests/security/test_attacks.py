@@ -4,7 +4,7 @@ account ran them against the earlier main, through the real REST routes, the wor
 succeeded then; each must fail now, and leave nothing behind.
 
 Attack 5 (memory) needs a real web server process to measure: see
-tests/api/test_request_size.py (test_a_60_mib_body_is_a_json_413_with_and_without_content_
+tests/rest/test_request_size.py (test_a_60_mib_body_is_a_json_413_with_and_without_content_
 length_and_costs_no_memory, test_the_worst_bodies_within_the_limit_stay_within_the_memory_bound,
 test_more_calls_than_the_maximum_are_refused_before_any_is_checked).
 """

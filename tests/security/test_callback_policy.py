@@ -30,9 +30,9 @@ from ratejobs.services.callbacks import (
     signing_key_rotate,
 )
 from ratejobs.services.jobs import job_cancel, job_create
-from tests.api.test_jobs import job_payload
 from tests.execution.test_outbound import answers
 from tests.jobs.test_callbacks import internal_receiver, receiver  # noqa: F401 (fixtures)
+from tests.rest.test_jobs import job_payload
 
 LOOPBACK = ["127.0.0.1/32", "::1/128"]
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from ratejobs.credentials import encrypt_secret
+from ratejobs.crypto import encrypt_secret
 from ratejobs.models import Api, Call
 from ratejobs.services.calls import call_execute
 from ratejobs.services.jobs import job_create

@@ -18,8 +18,8 @@ import pytest
 import requests
 from rest_framework.authtoken.models import Token
 
-from ratejobs.devredis import free_port
-from tests.api.realserver import Server, web_server  # noqa: F401 (fixture)
+from devtools.devredis import free_port
+from tests.rest.realserver import Server, web_server  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 

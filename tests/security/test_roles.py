@@ -31,8 +31,8 @@ from django.views.generic import View
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api, Call, Job, ThrottleEvent, WorkerProcess
-from ratejobs.services.apis import api_limiter
 from ratejobs.services.credentials import credentials_add
 from ratejobs.services.jobs import job_cancel, job_create
 

@@ -33,12 +33,12 @@ import requests
 import yaml
 from rest_framework.authtoken.models import Token
 
-from ratejobs.devredis import free_port
+from devtools.devredis import free_port
+from devtools.processes import child_pids, stop_process_group
 from ratejobs.login_throttle import client_address
 from ratejobs.models import Call, Job
-from ratejobs.processes import child_pids, stop_process_group
-from tests.api.realserver import MIB
 from tests.realparts import PROJECT_ROOT, database_url
+from tests.rest.realserver import MIB
 from tests.test_compose import command_of, env_example, interpolate
 
 NGINX_CONF = PROJECT_ROOT / "deploy" / "nginx.conf"

@@ -17,7 +17,7 @@ from rest_framework.authtoken.models import Token
 from ratejobs.json_limits import MAX_JSON_DEPTH
 from ratejobs.models import Job
 from ratejobs.uploads import MAX_LINES_READ_AFTER_AN_ERROR
-from tests.api.realserver import web_server  # noqa: F401 (fixture)
+from tests.rest.realserver import web_server  # noqa: F401 (fixture)
 
 NDJSON = "application/x-ndjson"
 DEEP = 400  # the report's depth: json.loads and the job service's walk both recursed past it

@@ -1,0 +1,246 @@
+"""Feeding the broker from the database: a bounded window of calls waiting in the broker per
+API, shared fairly between that API's running jobs, sent as messages of several calls each.
+
+Messages go out by task name (celery's send_task), so this module needs nothing of the tasks
+that run them: the way reads top to bottom, job_create -> dispatch -> broker -> task ->
+services.calls -> dispatch again."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import redis
+from celery import current_app
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Min, Q, Value
+from django.db.models.functions import Coalesce, NullIf
+
+from ratejobs.infra.clock import database_now
+from ratejobs.infra.connections import redis_client
+from ratejobs.models import Api, ApiCredential, Call, Job
+from ratejobs.namespace import redis_key
+
+logger = logging.getLogger(__name__)
+
+# Completions within this long share one dispatch run: the window holds seconds of work, so a
+# quarter second of delay costs nothing and saves a dispatch query per call.
+DISPATCH_DEBOUNCE_SECONDS = 0.25
+# Calls waiting for a later attempt are looked at again at least this often. Countdowns stay
+# short: a Redis broker redelivers a long-delayed task after its visibility timeout.
+MAX_WAKEUP_SECONDS = 5.0
+EXECUTE_CALLS_TASK = "ratejobs.execute_calls"
+DISPATCH_TASK = "ratejobs.dispatch"
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    dispatched: int
+    next_due: datetime | None  # the earliest later attempt still waiting, if any
+
+
+def dispatch_window(api: Api, *, buckets: int = 1) -> int:
+    """Calls the broker may hold for `api`: RATEJOBS_DISPATCH_WINDOW_SECONDS of its work,
+    where `buckets` credential keys each run at the API's rate."""
+    per_second = api.rate / api.period * buckets
+    wanted = math.ceil(per_second * settings.RATEJOBS_DISPATCH_WINDOW_SECONDS)
+    return max(
+        settings.RATEJOBS_DISPATCH_WINDOW_MIN, min(settings.RATEJOBS_DISPATCH_WINDOW_MAX, wanted)
+    )
+
+
+def _credential_buckets_running(api_id: int) -> int:
+    """How many limiter buckets the API's running calls use (its own, and one per credential
+    key), at least 1: calls spread over K keys go K times the API's rate, and a window of one
+    rate's work would leave the broker empty between dispatch runs. Counted over the running
+    calls (few, and indexed), only for an API that has credentials."""
+    if not ApiCredential.objects.filter(api_id=api_id).exists():
+        return 1
+    running = (
+        Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING)
+        .annotate(key=Coalesce(NullIf("credential_key", Value("")), "job__credential_key"))
+        .values("key")
+        .distinct()
+        .count()
+    )
+    return max(1, running)
+
+
+def calls_per_message(api: Api) -> int:
+    """Calls one message carries: at most RATEJOBS_CALLS_PER_MESSAGE, and no more than the
+    limiter grants in one worker wait, so one process does not take calls it must park."""
+    per_wait = math.ceil(api.rate / api.period * settings.RATEJOBS_MAX_WORKER_WAIT)
+    return max(1, min(settings.RATEJOBS_CALLS_PER_MESSAGE, per_wait))
+
+
+def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
+    """Top up the API's window of calls waiting in the broker with due calls of its running
+    jobs. Calls already running do not count: the limiter bounds those.
+
+    `dispatcher` is the worker process running this (its heartbeat's owner), or "" (beat's
+    reconciler). The calls it marks name it: marked in one transaction and sent after its
+    commit, their messages are lost if the process dies in between, and the sweep gives back
+    the calls a dead dispatcher left in the window (reconcile.calls_recover_orphans) instead of
+    leaving them to the reconciler's RATEJOBS_STALE_DISPATCH_SECONDS."""
+    now = database_now()
+    with transaction.atomic():
+        # Serialise the dispatchers of one API: a row lock on PostgreSQL, the write lock on
+        # SQLite. Without it two could both see free room and overfill the window.
+        if not Api.objects.filter(pk=api_id).update(updated=F("updated")):
+            return DispatchResult(0, None)
+        api = Api.objects.get(pk=api_id)
+        in_window = Call.objects.filter(
+            job__api_id=api_id, status=Call.Status.PENDING, dispatched_at__isnull=False
+        ).count()
+        free = dispatch_window(api, buckets=_credential_buckets_running(api_id)) - in_window
+        if api.max_concurrency:
+            # As many calls waiting as running at most: each waits for a released place
+            # (woken by the release), and more would only time out and come back.
+            running = Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING).count()
+            free = min(free, 2 * api.max_concurrency - running - in_window)
+        if free <= 0:  # the common case while a job runs: no job row is locked for nothing
+            return DispatchResult(0, None)
+        # Lock the jobs before their calls, in id order, as pause, cancel and recording an
+        # outcome do (job first): marking calls first and then updating their job deadlocked
+        # with a pause. After waiting on a lock, a job paused meanwhile drops out here.
+        jobs = sorted(
+            Job.objects.select_for_update()
+            .filter(api_id=api_id, status__in=Job.ACTIVE)
+            .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+            .filter(Q(deadline__isnull=True) | Q(deadline__gt=now))
+            .order_by("pk"),
+            key=lambda job: (job.dispatch_pass, job.pk),
+        )
+        if not jobs:
+            return DispatchResult(0, _next_start(api_id, now))
+        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+        candidates = {job.pk: _candidates(job, due, free) for job in jobs}
+        chosen = _share_fairly(jobs, candidates, free)
+        call_ids = [call_id for ids in chosen.values() for call_id in ids]
+        if call_ids:
+            Call.objects.filter(
+                pk__in=call_ids, status=Call.Status.PENDING, dispatched_at__isnull=True
+            ).update(dispatched_at=now, claim_owner=dispatcher)
+            for job in jobs:
+                if chosen.get(job.pk):
+                    Job.objects.filter(pk=job.pk).update(dispatch_pass=job.dispatch_pass)
+            Job.objects.filter(pk__in=list(chosen), status=Job.Status.QUEUED).update(
+                status=Job.Status.RUNNING
+            )
+            # also a job paused before its first dispatch and resumed (running, never started)
+            Job.objects.filter(pk__in=list(chosen), started__isnull=True).update(started=now)
+            size = calls_per_message(api)
+            messages = [
+                (job_id, ids[start : start + size])
+                for job_id, ids in chosen.items()
+                for start in range(0, len(ids), size)
+            ]
+            transaction.on_commit(lambda: _send(messages))
+        next_due = None
+        if len(call_ids) < free:
+            next_due = Call.objects.filter(
+                job__in=jobs,
+                status=Call.Status.PENDING,
+                dispatched_at__isnull=True,
+                next_attempt_at__gt=now,
+            ).aggregate(first=Min("next_attempt_at"))["first"]
+    starts = _next_start(api_id, now)
+    if starts is not None and (next_due is None or starts < next_due):
+        next_due = starts
+    return DispatchResult(len(call_ids), next_due)
+
+
+def _candidates(job: Job, due: Q, free: int) -> deque[int]:
+    """Up to `free` of the job's due calls waiting in the database, in the order they should
+    go: first those coming back to confirm a kept limiter place (its slot is near and passes
+    unused if they are late), then the others by index."""
+    waiting = job.calls.filter(due, status=Call.Status.PENDING, dispatched_at__isnull=True)
+    kept = list(
+        waiting.filter(reservation__isnull=False)
+        .order_by("next_attempt_at")
+        .values_list("pk", flat=True)[:free]
+    )
+    others = waiting.order_by("index").values_list("pk", flat=True)[: free + len(kept)]
+    first = set(kept)
+    return deque((kept + [pk for pk in others if pk not in first])[:free])
+
+
+def _next_start(api_id: int, now: datetime) -> datetime | None:
+    """When the API's next job that waits for its not_before may start, if that is within a
+    reconciler's run: wake-ups come every few seconds at most, and a job starting in an hour
+    is the reconciler's to find, not a chain of wake-ups'."""
+    soon = now + timedelta(seconds=settings.RATEJOBS_RECONCILE_INTERVAL)
+    return Job.objects.filter(
+        api_id=api_id, status__in=Job.ACTIVE, not_before__gt=now, not_before__lte=soon
+    ).aggregate(first=Min("not_before"))["first"]
+
+
+def _share_fairly(
+    jobs: list[Job], candidates: dict[int, deque[int]], free: int
+) -> dict[int, list[int]]:
+    """Stride scheduling: the job with the lowest pass takes the next place and advances its
+    pass by 1/priority, so over time each job gets places in proportion to its priority."""
+    heap = [(job.dispatch_pass, job.pk, job) for job in jobs if candidates[job.pk]]
+    heapq.heapify(heap)
+    chosen: dict[int, list[int]] = {}
+    while free and heap:
+        _, _, job = heapq.heappop(heap)
+        chosen.setdefault(job.pk, []).append(candidates[job.pk].popleft())
+        job.dispatch_pass += 1.0 / job.priority
+        free -= 1
+        if candidates[job.pk]:
+            heapq.heappush(heap, (job.dispatch_pass, job.pk, job))
+    return chosen
+
+
+def _send(messages: list[tuple[int, list[int]]]) -> None:
+    try:
+        for job_id, call_ids in messages:
+            # argsrepr is what Flower and the worker log show for the task
+            current_app.send_task(
+                EXECUTE_CALLS_TASK,
+                args=[job_id, call_ids],
+                argsrepr=f"(job={job_id}, calls={len(call_ids)}, first={call_ids[0]})",
+            )
+    except Exception:  # broker down: the reconciler re-dispatches what was marked but not sent
+        logger.exception("could not send %d call messages to the broker", len(messages))
+
+
+def request_dispatch(api_id: int, *, countdown: float = DISPATCH_DEBOUNCE_SECONDS) -> None:
+    """Ask for a dispatch run of the API within `countdown` seconds; requests within the
+    debounce time share one run."""
+    try:
+        # The requests share the run until it starts: a run asked for at once (a new job's)
+        # must not swallow the requests of calls that finish while it runs, or an API with an
+        # in-flight cap, whose window holds only a few calls, waits for the reconciler.
+        first = redis_client().set(
+            redis_key("dispatch", f"{{{api_id}}}", "pending"),
+            1,
+            nx=True,
+            px=max(1, int(min(countdown, DISPATCH_DEBOUNCE_SECONDS) * 1000)),
+        )
+        if first:
+            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=countdown)
+    except (redis.RedisError, OSError):
+        logger.warning("Redis unreachable: dispatch of API %s left to the reconciler", api_id)
+    except Exception:  # the broker (also Redis by default) refused the message
+        logger.exception("could not request a dispatch of API %s", api_id)
+
+
+def schedule_wakeup(api_id: int, next_due: datetime | None) -> None:
+    """Dispatch again when the earliest waiting call is due (in steps of at most a few s)."""
+    if next_due is None:
+        return
+    delay = min(max((next_due - database_now()).total_seconds(), 0.05), MAX_WAKEUP_SECONDS)
+    try:
+        if redis_client().set(
+            redis_key("dispatch", f"{{{api_id}}}", "wakeup"), 1, nx=True, px=int(delay * 1000)
+        ):
+            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=delay)
+    except Exception:
+        logger.warning("could not schedule a wake-up of API %s; the reconciler will", api_id)

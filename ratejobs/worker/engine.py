@@ -1,0 +1,260 @@
+"""A worker process's engine: up to RATEJOBS_CALLS_IN_FLIGHT calls in flight at once on a pool
+of threads, their outcomes written in bulk by one recorder thread.
+
+A Celery task hands its message's calls to the engine and returns once they are claimed and
+running, so a prefork process takes its next message while earlier calls wait on slow APIs.
+Database connections per process: the task's thread (claims, dispatch) and the recorder's
+(outcomes, heartbeat, the sweep for dead workers), whatever the pool's size. The call threads
+touch Redis and the network only.
+
+A message is acknowledged when its calls are running, not finished: what keeps a call from
+being lost when its process dies is its claim in the database, which the sweep takes back when
+the process stops sending heartbeats (worker/reconcile.calls_recover_orphans).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+
+from ratejobs.infra.connections import redis_client
+from ratejobs.namespace import redis_key
+from ratejobs.services.calls import (
+    Claimed,
+    Finished,
+    call_attempt,
+    calls_claim,
+    calls_record_outcomes,
+    calls_reserve_slots,
+)
+from ratejobs.worker.dispatch import request_dispatch
+from ratejobs.worker.heartbeats import process_owner, worker_forget, worker_heartbeat
+from ratejobs.worker.pool import CallPool
+from ratejobs.worker.reconcile import calls_recover_orphans, calls_release_claim
+
+logger = logging.getLogger(__name__)
+
+# Outcomes written per transaction at most: large enough that a busy process writes a few
+# times a second, small enough that one transaction holds its job locks for milliseconds.
+RECORD_BATCH = 500
+# After a failed write (database restarting) the recorder tries again this much later; the
+# claims it holds stay valid for minutes meanwhile.
+RECORD_RETRY_SECONDS = 1.0
+_STOP = object()
+# A message's calls are claimed in batches of at least this many when the pool is full,
+# waiting up to CLAIM_GATHER_SECONDS for the places: a fast API frees them within
+# milliseconds, and one claim per freed place cost a fifth of the CPU per call in bench-jobs.
+CLAIM_GATHER = 16
+CLAIM_GATHER_SECONDS = 0.02
+GIL_SWITCH_SECONDS = 0.0005
+
+
+@dataclass(frozen=True)
+class _LostClaim:
+    """A claim that failed part way: what the recorder gives back (calls_release_claim)."""
+
+    token: str
+    call_ids: list[int]
+
+
+class Engine:
+    def __init__(self, *, in_flight: int, heartbeat_seconds: float, sweep_seconds: float) -> None:
+        self.owner = process_owner()
+        # A thread that slept until its limiter slot must confirm it within one slot (10 ms at
+        # 100/s) or the slot is lost; behind Python's default 5 ms GIL hand-off, with dozens
+        # of threads, it often was not (bench-slow: 84 calls/s of 100; 93 with this).
+        sys.setswitchinterval(GIL_SWITCH_SECONDS)
+        self.pool = CallPool(in_flight)
+        self._heartbeat_seconds = heartbeat_seconds
+        self._sweep_seconds = sweep_seconds
+        self._finished: queue.SimpleQueue = queue.SimpleQueue()
+        # The process claims nothing before its first heartbeat: a claim without one would
+        # look like a dead process's to every other. The recorder writes it, on its own
+        # connection: the engine may start inside Celery's worker_process_init, where
+        # Celery's Django fixup closes the file descriptors of the calling thread's database
+        # connections, and a connection opened there would later read another's socket.
+        self._alive = threading.Event()
+        self._recorder = threading.Thread(
+            target=self._record_forever, name="ratejobs-recorder", daemon=True
+        )
+        self._recorder.start()
+
+    def start(self, *, job_id: int, call_ids: Iterable[int]) -> list[Claimed]:
+        """Claim the calls still wanted and start them, waiting for room in the pool as
+        needed; returns the calls started. Room comes before the claim, so a claimed call
+        never waits behind others here (its limiter wait bounds pause and cancel)."""
+        self._alive.wait()
+        remaining = list(call_ids)
+        started: list[Claimed] = []
+        while remaining:
+            places = self.pool.reserve(
+                len(remaining), gather=CLAIM_GATHER, gather_seconds=CLAIM_GATHER_SECONDS
+            )
+            batch, remaining = remaining[:places], remaining[places:]
+            handed = 0
+            try:
+                token = uuid.uuid4().hex
+                try:
+                    claimed = calls_claim(
+                        job_id=job_id, call_ids=batch, owner=self.owner, token=token
+                    )
+                except BaseException:
+                    # It may have taken its calls before it failed: the recorder gives back
+                    # whatever this claim holds once the database answers again.
+                    self._finished.put(_LostClaim(token, batch))
+                    raise
+                claimed = calls_reserve_slots(claimed)
+                for item in claimed:
+                    self.pool.run(lambda item=item: self._attempt(item))
+                    handed += 1
+                started += claimed
+            finally:
+                # Also when the task is cut short (Celery terminates a task it cannot
+                # acknowledge after losing the broker): a place left reserved would hold a
+                # stopping process for ENGINE_STOP_SECONDS, waiting for a call that never runs.
+                self.pool.unreserve(places - handed)
+        return started
+
+    def stop(self, timeout: float) -> bool:
+        """Let the calls in flight finish and their outcomes be written (a warm shutdown);
+        False if that took longer than `timeout`: their claims are then taken back later."""
+        deadline = time.monotonic() + timeout
+        idle = self.pool.wait_idle(timeout)
+        self._finished.put(_STOP)
+        self._recorder.join(max(0.0, deadline - time.monotonic()))
+        if idle and not self._recorder.is_alive():
+            # on a database error its row ages out: it holds no claims
+            with contextlib.suppress(DatabaseError):
+                worker_forget(owner=self.owner)
+            return True
+        return False
+
+    def _attempt(self, item: Claimed) -> None:
+        self._finished.put(Finished(item, call_attempt(item)))
+
+    def _record_forever(self) -> None:
+        batch: list[Finished] = []
+        lost: list[_LostClaim] = []
+        next_beat = next_sweep = time.monotonic()
+        stopping = False
+        while not (stopping and not batch and not lost):
+            if not stopping:
+                stopping = self._collect(
+                    batch, lost, timeout=max(0.0, next_beat - time.monotonic())
+                )
+            try:
+                if batch:
+                    calls_record_outcomes(batch)
+                    batch = []
+                while lost:
+                    calls_release_claim(token=lost[0].token, call_ids=lost[0].call_ids)
+                    lost.pop(0)
+                now = time.monotonic()
+                if now >= next_beat and not stopping:
+                    worker_heartbeat(owner=self.owner)
+                    next_beat = now + self._heartbeat_seconds
+                    self._alive.set()
+                if now >= next_sweep and not stopping:
+                    next_sweep = now + self._sweep_seconds
+                    self._sweep()
+            except DatabaseError:
+                logger.exception(
+                    "could not write %d outcomes or the heartbeat; trying again", len(batch)
+                )
+                connection.close()
+                time.sleep(RECORD_RETRY_SECONDS)
+            except Exception:
+                logger.exception("recorder: unexpected error; %d outcomes kept", len(batch))
+                time.sleep(RECORD_RETRY_SECONDS)
+            close_old_connections()
+        connection.close()
+
+    def _collect(self, batch: list[Finished], lost: list[_LostClaim], *, timeout: float) -> bool:
+        """Wait up to `timeout` for an outcome, then take whatever else is ready; True once the
+        stop marker came."""
+        try:
+            item = self._finished.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        while True:
+            if item is _STOP:
+                return True
+            if isinstance(item, _LostClaim):
+                lost.append(item)
+            else:
+                batch.append(item)
+            if len(batch) >= RECORD_BATCH:
+                return False
+            try:
+                item = self._finished.get_nowait()
+            except queue.Empty:
+                return False
+
+    def _sweep(self) -> None:
+        """Take back calls of dead processes; one process of the deployment does it per
+        interval (a Redis lock), so workers need no beat to lose nothing."""
+        try:
+            if not redis_client().set(
+                redis_key("sweep", "lock"), self.owner, nx=True, px=int(self._sweep_seconds * 1000)
+            ):
+                return
+        except (redis.RedisError, OSError):
+            return  # the reconciler run by beat does it too
+        recovered = calls_recover_orphans()
+        if recovered:
+            logger.info("took back %d calls of worker processes that died", recovered)
+
+
+_engine: Engine | None = None
+_engine_pid: int | None = None
+_engine_lock = threading.Lock()
+
+
+def engine() -> Engine:
+    """This process's engine, made on first use (a forked child makes its own)."""
+    global _engine, _engine_pid
+    with _engine_lock:
+        if _engine is None or _engine_pid != os.getpid():
+            _engine = Engine(
+                in_flight=settings.RATEJOBS_CALLS_IN_FLIGHT,
+                heartbeat_seconds=settings.RATEJOBS_WORKER_HEARTBEAT_SECONDS,
+                sweep_seconds=settings.RATEJOBS_WORKER_HEARTBEAT_SECONDS * 2,
+            )
+            _engine_pid = os.getpid()
+        return _engine
+
+
+def heartbeating_owner() -> str:
+    """This process's owner name once its engine has written a heartbeat, else "": what a
+    worker process marks the calls it dispatches with, so that they are given back if it dies
+    before their messages are sent (a process whose heartbeat is not in yet would look dead)."""
+    if _engine is None or _engine_pid != os.getpid() or not _engine._alive.is_set():
+        return ""
+    return _engine.owner
+
+
+def engine_stop(timeout: float) -> bool:
+    """Stop this process's engine, if it has one (a worker process shutting down)."""
+    if _engine is None or _engine_pid != os.getpid():
+        return True
+    return _engine.stop(timeout)
+
+
+def calls_start(*, job_id: int, call_ids: list[int]) -> int:
+    """Start the message's calls on this process's engine; returns how many were started."""
+    started = engine().start(job_id=job_id, call_ids=call_ids)
+    if started:  # they left the broker's window, which may take more now
+        request_dispatch(started[0].call.job.api_id)
+    return len(started)
