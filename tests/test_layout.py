@@ -1,6 +1,6 @@
 """The code's layout, read from its imports (every import, at module level or inside a function):
 the limiter and the HTTP execution know nothing of Django or Celery, and the way from an
-upload to a recorded result reads top to bottom, with no import cycle (issue 10)."""
+upload to a recorded result reads top to bottom, with no import cycle."""
 
 from __future__ import annotations
 

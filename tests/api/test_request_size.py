@@ -20,7 +20,7 @@ from ratejobs.api.parsers import MAX_JSON_DEPTH
 from ratejobs.models import Call, Job
 from tests.api.realserver import MIB, post_raw
 
-# What the attacker of issue 9 sent: 60 MiB of calls.
+# An attacker's body: 60 MiB of calls.
 ATTACK_BYTES = 60 * MIB
 # Peak memory a single request may add to the web process (three at once on a small machine).
 MAX_GROWTH = 200 * MIB

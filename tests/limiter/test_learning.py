@@ -1,4 +1,4 @@
-"""The adaptive rate learns an API's real limit and holds just under it (issue 12): a 600-call run
+"""The adaptive rate learns an API's real limit and holds just under it: a 600-call run
 from several threads through the real limiter against the sandbox, which enforces 40 % of the
 rate it advertises."""
 
