@@ -1,5 +1,5 @@
 """How much of an API's real limit the adaptive rate uses when the API enforces less than it
-advertises (issue 12): plain CUBIC, CUBIC that learns the real limit, and a plain token bucket
+advertises: plain CUBIC, CUBIC that learns the real limit, and a plain token bucket
 at the advertised rate, each over one job of N calls; prints one markdown table.
 
     python -m bench.adaptive [--calls N] [--rate R] [--real-rate R] [--burst B] [--threads T]

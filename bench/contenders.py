@@ -115,7 +115,7 @@ class OursGate(_SyncGate):
         self.limiter.release(self.grant)
 
 
-# The engine's batch: a task takes this many call ids and runs them concurrently (issue 10).
+# The engine's batch: a task takes this many call ids and runs them concurrently.
 BATCH_SIZE = 32
 
 

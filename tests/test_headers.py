@@ -958,7 +958,7 @@ def test_salesforce_malformed_usage_is_ignored(value):
     assert parse_quota({"Sforce-Limit-Info": value}, now=NOW) is None
 
 
-# --- Hostile values: a header the parser cannot use is ignored, never an error (issue 21) -----
+# --- Hostile values: a header the parser cannot use is ignored, never an error -----------------
 
 # Past int()'s limit of 4300 digits: int() of it raises, float() of it is inf.
 HUGE = "9" * 5000

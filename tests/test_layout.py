@@ -1,9 +1,9 @@
 """The code's layout, read from its imports (every import, at module level or inside a function):
 the limiter, the HTTP execution and the worker's pool of threads know nothing of Django or
-Celery, the way from an upload to a recorded result reads top to bottom, with no import cycle
-(issue 10), and each package is one idea (issue 23): the worker's machinery (ratejobs.worker)
-is run by the tasks, not by the services it drives, and the development tools (sandbox,
-devtools, faults, bench) stay out of the app."""
+Celery, the way from an upload to a recorded result reads top to bottom with no import cycle,
+and each package is one idea: the worker's machinery (ratejobs.worker) is run by the tasks, not
+by the services it drives, and the development tools (sandbox, devtools, faults, bench) stay out
+of the app."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Deployments sharing one Redis never share limiter state by accident: every key ratejobs
 writes carries the deployment's namespace (RATEJOBS_NAMESPACE, by default a hash of its
-database), and the same namespace set on two deployments shares it on purpose (issue 13)."""
+database), and the same namespace set on two deployments shares it on purpose."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Signatures of job callbacks (ratejobs.signing), the README's own verifier, and the retry
+"""Signatures of job callbacks (ratejobs.signing), the verifier of docs/api.md, and the retry
 rules of a delivery (pure functions: no server, no database)."""
 
 from __future__ import annotations
@@ -74,23 +74,23 @@ def test_secrets_are_new_each_time_and_long():
 
 
 @functools.cache
-def _readme_verifier():
-    """The verify() of the README's "Job callbacks" section, run as a receiver would."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### Job callbacks", 1)[1].split("\n### ", 1)[0]
+def _documented_verifier():
+    """The verify() of docs/api.md's "Job callbacks" section, run as a receiver would."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "api.md").read_text()
+    section = page.split("\n## Job callbacks\n", 1)[1].split("\n## ", 1)[0]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    exec(compile(code, "docs/api.md", "exec"), namespace)  # noqa: S102 - our own docs
     return namespace["verify"]
 
 
-def test_the_readme_verifier_accepts_our_signatures_and_refuses_tampering():
-    readme_verify = _readme_verifier()
+def test_the_documented_verifier_accepts_our_signatures_and_refuses_tampering():
+    documented_verify = _documented_verifier()
     now = int(time.time())
-    assert readme_verify(SECRET, BODY, signature_header(SECRET, BODY, now))
-    assert not readme_verify(SECRET, BODY + b"x", signature_header(SECRET, BODY, now))
-    assert not readme_verify("other", BODY, signature_header(SECRET, BODY, now))
-    assert not readme_verify(SECRET, BODY, signature_header(SECRET, BODY, now - 3600))
+    assert documented_verify(SECRET, BODY, signature_header(SECRET, BODY, now))
+    assert not documented_verify(SECRET, BODY + b"x", signature_header(SECRET, BODY, now))
+    assert not documented_verify("other", BODY, signature_header(SECRET, BODY, now))
+    assert not documented_verify(SECRET, BODY, signature_header(SECRET, BODY, now - 3600))
 
 
 # -- whatever a forger sends, both verifiers answer False ------------------------------------
@@ -140,7 +140,7 @@ def test_any_malformed_header_is_refused_by_both_verifiers_and_never_raises(head
     # given the header of a forger (whatever the receiver's framework hands over): False, so
     # the receiver answers 401, never 500
     assert verify(SECRET, BODY, header, now=NOW) is False
-    assert _readme_verifier()(SECRET, BODY, header) is False
+    assert _documented_verifier()(SECRET, BODY, header) is False
 
 
 @hypothesis_settings(max_examples=200, deadline=None, database=None)
@@ -154,7 +154,7 @@ def test_valid_headers_still_verify_with_both_verifiers(secret, body, skew, othe
     now = int(time.time())
     header = ",".join([signature_header(secret, body, now + skew), *others])
     assert verify(secret, body, header, now=now)
-    assert _readme_verifier()(secret, body, header)
+    assert _documented_verifier()(secret, body, header)
 
 
 # -- what an attempt's result means --------------------------------------------------------

@@ -26,8 +26,8 @@ from ratejobs.services.kept_uploads import kept_uploads_remove_expired
 logger = logging.getLogger(__name__)
 
 # Rows per transaction. A worker's commit waits behind the WAL a batch flushes at its own
-# commit (bench.retention: clearing the bodies of 5,000 calls of 1 KiB flushed about 6 MiB and
-# a worker's write waited up to 0.77 s behind it; with 2,000 rows, up to 0.48 s), while the
+# commit, so a batch stays small enough for that wait to stay well under a second (clearing
+# 2,000 bodies of 1 KiB flushes about 2.5 MiB; bench.retention measures the wait), while the
 # per-batch overhead stays small (a few statements).
 BATCH_ROWS = 2_000
 # One run of the retention or purge task works this long at most and leaves the rest to the
@@ -35,9 +35,8 @@ BATCH_ROWS = 2_000
 # the tasks' soft time limit (CELERY_TASK_SOFT_TIME_LIMIT).
 RUN_SECONDS = 60.0
 # After each batch, a rest of this many times as long as it took: the workers' own writes get
-# the disk between batches, and WAL and dirty pages pile up at half the speed (bench.retention:
-# without rests, the workers' p99 write took 64 to 69 ms while bodies were cleared and calls
-# purged; with them, 11 to 28 ms).
+# the disk between batches, and WAL and dirty pages pile up at half the speed, which keeps
+# the workers' own writes fast while bodies are cleared and calls purged (bench.retention).
 PAUSE_RATIO = 1.0
 RETENTION_TASK = "ratejobs.retention"
 PURGE_TASK = "ratejobs.purge_jobs"

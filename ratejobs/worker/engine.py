@@ -73,8 +73,8 @@ class Engine:
     def __init__(self, *, in_flight: int, heartbeat_seconds: float, sweep_seconds: float) -> None:
         self.owner = process_owner()
         # A thread that slept until its limiter slot must confirm it within one slot (10 ms at
-        # 100/s) or the slot is lost; behind Python's default 5 ms GIL hand-off, with dozens
-        # of threads, it often was not (bench-slow: 84 calls/s of 100; 93 with this).
+        # 100/s) or the slot is lost; behind Python's default 5 ms GIL hand-off, among dozens
+        # of threads, it too often is (bench-slow measures the pace this keeps).
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self.pool = CallPool(in_flight)
         self._heartbeat_seconds = heartbeat_seconds

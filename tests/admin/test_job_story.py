@@ -331,7 +331,7 @@ def test_a_block_by_another_users_job_does_not_name_that_job(
     admin_client_for, user, other_user, make_job
 ):
     # given: a staff member's running job, and a 429 on a call of another user's job on the
-    # same API, which blocks it (issue 21, finding 6: the banner said "of job 36")
+    # same API, which blocks it: the banner must not name the other user's job
     user.is_staff = True
     user.save()
     job = set_counts(make_job(calls=3), status="running", started=timezone.now())

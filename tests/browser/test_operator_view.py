@@ -1,4 +1,4 @@
-"""What an operator sees through a run (issue 13, "Done when"): the overview and the job page
+"""What an operator sees through a run: the overview and the job page
 while an adaptive API meets 429s, during and after a manual block, and after a cancel made
 through its confirmation; a second job that ends with failures. Screenshots of each page at
 1280 and 1920 px; every figure on each page carries a unit and a sensible precision.

@@ -1,6 +1,6 @@
 """Rate-limit headers no parser can use (a number of 5,000 digits, 1e999, nan) on real responses
-of a loopback server: the call keeps its response and goes on as it would without the header
-(issue 21, finding 9). Real HTTP, the real limiter on Redis, the call stored in PostgreSQL."""
+of a loopback server: the call keeps its response and goes on as it would without the header.
+Real HTTP, the real limiter on Redis, the call stored in PostgreSQL."""
 
 from __future__ import annotations
 

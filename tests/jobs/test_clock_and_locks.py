@@ -1,5 +1,5 @@
-"""Two defects of the first execution path (issue 10): whether a call is due was judged on each
-worker's own clock, and the reconciler's locks were not tested against pause and cancel.
+"""Whether a call is due is judged on the database's clock, never a worker's own, and the
+reconciler's locks hold against pause and cancel.
 PostgreSQL only: SQLite is one file on one machine, with one clock and one writer at a time."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A quota per credential (issue 12): calls naming credential keys carry each key's secret and
+"""A quota per credential: calls naming credential keys carry each key's secret and
 are paced by each key's own limiter bucket. Real parts: Celery workers started with the plain
 command, the sandbox limiting per Authorization value, PostgreSQL and Redis."""
 

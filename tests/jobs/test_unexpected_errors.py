@@ -1,5 +1,5 @@
 """Errors nobody planned for end as recorded attempts with their error, a bounded number of
-times, and then the call fails: never a RUNNING -> PENDING loop that leaves no trace (issue 10).
+times, and then the call fails: never a RUNNING -> PENDING loop that leaves no trace.
 Real parts: a Redis that became a read-only replica (as after a failover), a real HTTP server
 on loopback."""
 

@@ -1,6 +1,6 @@
 """A call's text longer than its column holds is refused by the job service, naming the field
 and its limit, on every way in (REST, upload, admin, command line): never a PostgreSQL
-DataError (a 500) or, on SQLite, a value stored past its column's length (issue 21, finding 10).
+DataError (a 500) or, on SQLite, a value stored past its column's length.
 """
 
 from __future__ import annotations

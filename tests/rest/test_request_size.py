@@ -20,7 +20,7 @@ from ratejobs.rest.errors import exception_handler
 from ratejobs.rest.parsers import MAX_JSON_DEPTH
 from tests.rest.realserver import MIB, post_raw
 
-# What the attacker of issue 9 sent: 60 MiB of calls.
+# An attacker's body: 60 MiB of calls.
 ATTACK_BYTES = 60 * MIB
 # Peak memory a single request may add to the web process (three at once on a small machine).
 MAX_GROWTH = 200 * MIB

@@ -28,7 +28,7 @@ from ratejobs.selectors import results
 from ratejobs.services.calls import call_execute
 from ratejobs.services.credentials import credentials_add
 
-# The columns as the README's export section documents them, in their order: the file's
+# The columns as docs/api.md's results files document them, in their order: the file's
 # contract, written out here rather than taken from the code that writes it.
 COLUMNS = [
     "index", "method", "path", "status", "status_code", "attempts", "duration", "cost",

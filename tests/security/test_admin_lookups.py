@@ -1,4 +1,4 @@
-"""Admin lists take only the lookups of the filters they show (issue 21, finding 1).
+"""Admin lists take only the lookups of the filters they show.
 
 A staff member saw `X-Api-Key: ***` on an API's page but read the key a character at a time
 through the changelist's field lookups (`?default_headers__X-Api-Key__regex=^sk_live_D` listed

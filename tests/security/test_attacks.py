@@ -1,7 +1,7 @@
-"""The five attacks of issue 9, replayed step by step as an attacker with an ordinary staff
-account ran them against the earlier main, through the real REST routes, the worker's code
-(call_execute, the same service a Celery task runs) and real HTTP servers on loopback. Each one
-succeeded then; each must fail now, and leave nothing behind.
+"""Five attacks, replayed step by step as an attacker with an ordinary staff account would run
+them, through the real REST routes, the worker's code
+(call_execute, the same service a Celery task runs) and real HTTP servers on loopback. Each must
+fail and leave nothing behind.
 
 Attack 5 (memory) needs a real web server process to measure: see
 tests/rest/test_request_size.py (test_a_60_mib_body_is_a_json_413_with_and_without_content_

@@ -1,8 +1,8 @@
-"""Issue 21, finding 4: a plain user's callback_url reached any port and path of an address the
-APIs' allow-list admits (the sandbox's /__reset, the web server's own /api/jobs/), and the job
-showed 200 bytes of the answer. Callbacks now have their own policy (RATEJOBS_CALLBACK_ALLOW,
-public addresses only by default), checked at submit and on every address connected to, and
-the job keeps the status of an answer, never its body.
+"""A plain user's callback_url reaches no port or path of an address the APIs' allow-list
+admits (the sandbox's /__reset, the web server's own /api/jobs/), and the job shows nothing of
+the answer. Callbacks have their own policy (RATEJOBS_CALLBACK_ALLOW, public addresses only by
+default), checked at submit and on every address connected to, and the job keeps the status
+of an answer, never its body.
 
 Traffic goes to loopback only: other ranges are judged through a resolver that answers what a
 test says, and the policy itself, never by connecting there."""

@@ -1,4 +1,4 @@
-"""Who may send calls with a customer's credential key (issue 21, finding 10).
+"""Who may send calls with a customer's credential key.
 
 The decision: a credential key is usable by everyone who may submit jobs to its API, as the
 API's own credential is; to keep a customer's credential to some people, put it on an API

@@ -1,5 +1,5 @@
-"""Attacks 1 and 2 of issue 9: a worker's environment sent to an attacker's host through
-credential_env, and a stored credential following a new base_url; plus the rules on the
+"""A worker's environment is never sent to an attacker's host through credential_env, and a
+stored credential never follows a new base_url; plus the rules on the
 credential's header name."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def api_payload(name: str, **fields: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("role", ["user", "staff"])
 def test_only_managers_may_create_or_change_an_api(request, client_for, unique_name, api, role):
-    # given: the attack of issue 9 starts with a staff member who is not a superuser
+    # given: an attacker who is a staff member but not a superuser
     client = client_for(request.getfixturevalue(role))
     payload = api_payload(unique_name, auth_header="X-Leak", credential_env="RATEJOBS_CRED_X")
     assert client.post("/api/apis/", payload, format="json").status_code == 403

@@ -1,4 +1,4 @@
-"""Files kept between tries of the admin's submit page fill nothing (issue 21, finding 2):
+"""Files kept between tries of the admin's submit page fill nothing:
 three refused 15 MiB submits grew the Redis of the limiter and the broker by 64 MiB, a copy
 an hour under a new token each. Now one file a user, in the database, within a total."""
 

@@ -1,4 +1,4 @@
-"""Guessing passwords and tokens is throttled (issue 21, finding 7): 40 wrong passwords on the
+"""Guessing passwords and tokens is throttled: 40 wrong passwords on the
 admin's sign-in page in 8 s, then the right one, signed in. Now wrong passwords are counted per
 username and per client address, bad tokens per address, in the Redis every gunicorn worker
 shares; past the limit signing in is refused, the right password too, with how long to wait.

@@ -1,4 +1,4 @@
-"""Issue 9's role table: every route of the URLconf (REST, the admin's pages and actions, the
+"""The role table: every route of the URLconf (REST, the admin's pages and actions, the
 overview, /healthz and /metrics), with every HTTP method it answers, walked as each role against
 objects that belong to another user, compared with one table of expected answers
 (ratejobs.permissions says why each answer is what it is).

@@ -1,7 +1,7 @@
-"""What a bad file costs to refuse is bounded, whatever its lines are (issue 21, findings 3 and
-8): a million unreadable lines are read only as far as the error budget, and a line or a CSV
-cell nested 400 levels deep is a line error, not a 500. Replayed through gunicorn as the
-report's attacker sent them, and through the admin's submit page."""
+"""What a bad file costs to refuse is bounded, whatever its lines are: a
+million unreadable lines are read only as far as the error budget, and a line or a CSV
+cell nested 400 levels deep is a line error, not a 500. Replayed through gunicorn as an
+attacker would send them, and through the admin's submit page."""
 
 from __future__ import annotations
 

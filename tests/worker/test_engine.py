@@ -1,4 +1,4 @@
-"""The engine (issue 10): one worker process carries many calls at once, with at most two
+"""The engine: one worker process carries many calls at once, with at most two
 database connections, and a call waiting for an in-flight place goes when one is released.
 Real parts: a Celery worker started with the plain command, the sandbox, PostgreSQL."""
 
