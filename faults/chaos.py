@@ -116,7 +116,7 @@ LOG_ERROR = re.compile(r": (ERROR|CRITICAL)/")
 DOC = PROJECT_ROOT / "docs" / "reliability.md"
 # The marker docs/reliability.md holds, as written when this file was bench/chaos.py: change
 # both together (MOVES.md of issue 23).
-DOC_BEGIN = "<!-- chaos table: written by `python -m bench.chaos --record` -->"
+DOC_BEGIN = "<!-- chaos table: written by `python -m faults.chaos --record` -->"
 DOC_END = "<!-- end of chaos table -->"
 FAILED_LOGS = PROJECT_ROOT / "artifacts" / "chaos"
 
