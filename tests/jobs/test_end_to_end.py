@@ -169,10 +169,10 @@ def test_adaptive_rate_finds_a_real_limit_half_the_configured_one(
         f"adaptive: {pace:.2f}/s against a real 20/s, learned {learned}; "
         f"429s {stats['throttled']} ({share:.1%})"
     )
-    # expect: at most 2 % 429s, the real limit learned within 3 %, and most of it used. Finding it
-    # takes a few throttles, each stopping every worker for the server's Retry-After (1 s, 20 calls here):
-    # that is what keeps a 15 s job under the held rate (tests/limiter/test_learning.py
-    # measures the held rate itself).
+    # expect: at most 2 % 429s, the real limit learned within 3 %, and most of it used.
+    # Finding it takes a few throttles, each stopping every worker for the server's Retry-After
+    # (1 s, 20 calls here): that is what keeps a 15 s job under the held rate
+    # (tests/limiter/test_learning.py measures the held rate itself).
     assert job.succeeded == calls
     assert share <= 0.02
     assert learned is not None and 0.97 * 20 <= learned <= 1.03 * 20

@@ -52,3 +52,20 @@ def test_all_keys_of_a_limiter_share_one_hash_tag(redis_client):
     limiter = ratejobs.limiter.Limiter(redis_client, "cluster-check")
     tags = {re.search(r"\{([^}]*)\}", key).group(1) for key in limiter.keys}
     assert tags == {"cluster-check"}
+
+
+def test_each_script_carries_the_library_it_uses_and_no_more():
+    # given the library's names: a script's text is run whole at every call, so it carries the
+    # definitions its body uses (and what they use) and leaves the rest out
+    from ratejobs.limiter.scripts import SOURCES
+
+    defined = set(re.findall(r"^local function (\w+)", PRELUDE, flags=re.M))
+    carried = {
+        name: set(re.findall(r"^local function (\w+)", source, flags=re.M)) & defined
+        for name, source in SOURCES.items()
+    }
+    assert "after_throttle" in carried["feedback"] and "after_throttle" not in carried["release"]
+    assert "grant_slot" in carried["acquire"] and "grant_slot" not in carried["state"]
+    assert carried["clock"] == {"now_us"}
+    # every definition is carried by some script (the library has no dead code)
+    assert set().union(*carried.values()) == defined
