@@ -108,6 +108,17 @@ def test_selectors_never_import_services():
 DEVELOPMENT_TOOLS = ("sandbox", "devtools", "faults", "bench", "scripts", "tests")
 
 
+def test_text_formats_values_and_reads_nothing():
+    """ratejobs.text turns values into the words the admin, the command line and the REST API
+    show; it reads nothing itself, so every page formats a figure the same way."""
+    graph = imports_of_every_module()
+    layers = ("ratejobs.services", "ratejobs.selectors", "ratejobs.worker", "ratejobs.infra")
+    assert sorted(i for i in graph["ratejobs.text"] if i.startswith(layers)) == []
+    formatters = [name for name, found in graph.items() if "ratejobs.text" in found]
+    assert any(n.startswith("ratejobs.admin") for n in formatters)
+    assert any(n.startswith("ratejobs.management") for n in formatters)
+
+
 def test_the_app_never_imports_the_development_tools():
     """The sandbox API, the private Redis, the process helpers, the fault suite and the
     benchmarks are for a developer's machine, the tests and CI; the app (ratejobs/, what the

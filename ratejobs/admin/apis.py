@@ -29,16 +29,8 @@ from ratejobs.selectors.apis import (
     api_key_buckets,
     api_limiter_readings,
     credential_list,
-    in_flight_text,
-    window_text,
 )
-from ratejobs.selectors.jobs import (
-    moment_text,
-    rate_text,
-    seconds_text,
-    throttle_event_story,
-    throttle_event_text,
-)
+from ratejobs.selectors.jobs import throttle_event_story
 from ratejobs.services.apis import (
     EDITABLE_FIELDS,
     api_block,
@@ -47,6 +39,14 @@ from ratejobs.services.apis import (
     api_update,
 )
 from ratejobs.services.credentials import credential_delete, credentials_add
+from ratejobs.text import (
+    in_flight_text,
+    moment_text,
+    rate_text,
+    seconds_text,
+    throttle_event_text,
+    window_text,
+)
 
 # Longest block an operator may set by hand: a day, enough for any published quota reset.
 MAX_MANUAL_BLOCK_SECONDS = 86_400

@@ -14,15 +14,8 @@ from ratejobs.admin.access import ReadOnlyStaffAccess, sees_every_job
 from ratejobs.admin.cells import clipped, clock_column
 from ratejobs.admin.lookups import ShownFiltersOnly
 from ratejobs.models import Call, ThrottleEvent
-from ratejobs.selectors.jobs import (
-    CALL_LIST_DEFERRED,
-    job_list_for_user,
-    moment_text,
-    rate_text,
-    response_body_text,
-    response_removed_text,
-    seconds_text,
-)
+from ratejobs.selectors.jobs import CALL_LIST_DEFERRED, job_list_for_user, response_body_text
+from ratejobs.text import moment_text, rate_text, response_removed_text, seconds_text
 
 
 def pretty_body(body: bytes | memoryview | None, *, truncated: bool) -> tuple[str, str]:

@@ -9,7 +9,7 @@ from django.contrib import admin
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from ratejobs.selectors.jobs import moment_text
+from ratejobs.text import moment_text
 
 
 def clipped(text: str) -> SafeString:

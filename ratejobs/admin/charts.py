@@ -10,7 +10,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from ratejobs.selectors.job_chart import JobChart
-from ratejobs.selectors.jobs import clock_text, duration_text, rate_text
+from ratejobs.text import clock_text, duration_text, rate_text
 
 WIDTH, HEIGHT = 720, 230
 LEFT, RIGHT, TOP, BOTTOM = 52, 14, 30, 38

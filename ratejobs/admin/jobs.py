@@ -39,7 +39,6 @@ from ratejobs.selectors.jobs import (
     OUTCOME_LABELS,
     STORY_MAX_EVENTS,
     call_indexes,
-    duration_text,
     failed_call_sample,
     job_average_rate,
     job_done_text,
@@ -50,12 +49,8 @@ from ratejobs.selectors.jobs import (
     job_outcome,
     job_paces,
     job_ran,
-    moment_text,
-    rate_text,
-    seconds_text,
     throttle_event_story_for_job,
     throttle_event_story_since,
-    throttle_event_text,
 )
 from ratejobs.selectors.results import RESULTS_FORMATS, job_results_response
 from ratejobs.services.jobs import (
@@ -66,6 +61,7 @@ from ratejobs.services.jobs import (
     job_actions_allowed,
 )
 from ratejobs.services.retention import JobPurgeRefused, job_purge_refusal, job_purge_request
+from ratejobs.text import duration_text, moment_text, rate_text, seconds_text, throttle_event_text
 from ratejobs.uploads import CALL_COLUMNS, UploadError, job_submit_from_file
 
 EVENTS_PER_PAGE = 20

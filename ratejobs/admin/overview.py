@@ -25,16 +25,7 @@ from ratejobs.admin.jobs import progress_bar
 from ratejobs.limiter import LimiterState
 from ratejobs.limiter.core import WindowState
 from ratejobs.models import Job
-from ratejobs.selectors.apis import in_flight_text
-from ratejobs.selectors.jobs import (
-    clock_text,
-    duration_text,
-    job_done_text,
-    job_outcome,
-    moment_text,
-    rate_text,
-    throttle_event_text,
-)
+from ratejobs.selectors.jobs import job_done_text, job_outcome
 from ratejobs.selectors.overview import (
     IN_PROGRESS,
     TRAFFIC_BUCKET_SECONDS,
@@ -45,6 +36,14 @@ from ratejobs.selectors.overview import (
     Overview,
     StuckCalls,
     overview_for_user,
+)
+from ratejobs.text import (
+    clock_text,
+    duration_text,
+    in_flight_text,
+    moment_text,
+    rate_text,
+    throttle_event_text,
 )
 
 # The page polls every REFRESH_SECONDS (overview.js reads it from the page).

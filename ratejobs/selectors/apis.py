@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db.models import Exists, OuterRef, QuerySet
@@ -17,10 +16,9 @@ from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
 from ratejobs.limiter.buckets import KeyBuckets, key_buckets
 from ratejobs.models import Api, ApiCredential
 from ratejobs.namespace import limiter_key_prefix
-from ratejobs.selectors.jobs import seconds_text
 
 if TYPE_CHECKING:
-    from ratejobs.limiter.core import RateSample, WindowState
+    from ratejobs.limiter.core import RateSample
 
 
 @dataclass(frozen=True)
@@ -45,36 +43,6 @@ def api_get(*, name: str) -> Api:
 def api_limiter_state(api: Api) -> LimiterState:
     """The live state of the API's shared limiter; LimiterUnavailable when Redis is down."""
     return api_limiter(api).state()
-
-
-# A window that takes this long to refill says when, as a clock time, too.
-REFILL_CLOCK_AFTER = 3600.0
-
-
-def window_text(state: WindowState) -> str:
-    """One of an API's limits as an operator reads it: "300 per 60 s (burst 10): 212 left, full
-    in 41 s" ("90000 cost per 60 s ..." for a cost window): what may go now, and when the
-    whole quota is back."""
-    window = state.window
-    unit = " cost" if window.unit == "cost" else ""
-    left = max(0, math.floor(state.remaining))
-    text = f"{window.rate:g}{unit} per {window.period:g} s (burst {window.burst}): {left} left"
-    if left < 1:
-        text += f", next in {seconds_text(state.next_free_in)}"
-    if state.full_in <= 0:
-        return text + ", full"
-    text = f"{text}, full in {seconds_text(state.full_in)}"
-    if state.full_in >= REFILL_CLOCK_AFTER:  # a day's quota: when, as a time of day
-        at = datetime.now(UTC) + timedelta(seconds=state.full_in)
-        text += f" (at {at:%H:%M} UTC)"
-    return text
-
-
-def in_flight_text(state: LimiterState) -> str:
-    """Calls on the wire against the cap: "3 of 10", "3 (no cap)"."""
-    if state.max_concurrency:
-        return f"{state.in_flight} of {state.max_concurrency}"
-    return f"{state.in_flight} (no cap)"
 
 
 def api_rate_history(api: Api, *, since: datetime) -> list[RateSample]:

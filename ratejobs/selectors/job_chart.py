@@ -13,13 +13,8 @@ from django.utils import timezone
 from ratejobs.limiter import LimiterError
 from ratejobs.models import Job, ThrottleEvent
 from ratejobs.selectors.apis import api_limiter_state, api_rate_history
-from ratejobs.selectors.jobs import (
-    Timeline,
-    clock_text,
-    job_is_final,
-    job_timeline,
-    seconds_text,
-)
+from ratejobs.selectors.jobs import Timeline, job_is_final, job_timeline
+from ratejobs.text import clock_text, seconds_text
 
 # What stops every call of an API for a while, with the seconds in `retry_after`: an
 # operator's block, a 429's Retry-After (or the limiter's default pause after a 429), a quota

@@ -291,65 +291,6 @@ def job_average_rate(job: Job) -> float | None:
     return job_ran(job) / max(seconds, MIN_RATE_SECONDS)
 
 
-def rate_text(per_second: float | None) -> str:
-    """A rate as people read it: "12.3/s", "0.25/s" below one a second, "1250/s"; — for none."""
-    if per_second is None:
-        return "—"
-    if per_second >= 1000:
-        return f"{per_second:.0f}/s"
-    if per_second >= 1 or per_second == 0:
-        return f"{per_second:.1f}/s"
-    return f"{per_second:.2f}/s"
-
-
-def seconds_text(seconds: float | None) -> str:
-    """A short span with a tenth of a second below ten seconds ("4.2 s"), else duration_text;
-    under a second in milliseconds ("850 ms")."""
-    if seconds is None:
-        return "—"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    return f"{seconds:.1f} s" if seconds < 10 else duration_text(seconds)
-
-
-def moment_text(moment: datetime | None) -> str:
-    """A time in the admin's local time, to the second: "2026-11-24 14:03:27"; — for none."""
-    return "—" if moment is None else timezone.localtime(moment).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def clock_text(moment: datetime) -> str:
-    """A time of day in the admin's local time, to the second: "14:03:27"."""
-    return timezone.localtime(moment).strftime("%H:%M:%S")
-
-
-def throttle_event_text(event: ThrottleEvent, *, period: float) -> str:
-    """One row of throttle_event_story_for_job in words, rates per second (the limiter keeps
-    them per `period`): "429 received · Retry-After 1.0 s · rate 20.0/s → 14.0/s"."""
-    if event.kind == ThrottleEvent.Kind.BLOCKED:
-        return f"manual block for {seconds_text(event.retry_after or 0.0)} by an operator"
-    # a spent quota's row carries the rates of the cut folded into it; a 429's, its own
-    cut = getattr(event, "cut_after", None) is not None
-    before = event.cut_before if cut else event.rate_before
-    after = event.cut_after if cut else event.rate_after
-    parts = []
-    if event.kind == ThrottleEvent.Kind.THROTTLED:
-        parts.append(f"{event.status_code or 429} received")
-        if event.retry_after:
-            parts.append(f"Retry-After {seconds_text(event.retry_after)}")
-    elif event.kind == ThrottleEvent.Kind.QUOTA_EXHAUSTED:
-        parts.append("quota used up (rate limit headers)")
-        if event.retry_after:
-            parts.append(f"blocked {seconds_text(event.retry_after)}")
-    else:
-        parts.append("rate decreased")
-    if before is not None and after is not None:
-        if after < before:
-            parts.append(f"rate {rate_text(before / period)} → {rate_text(after / period)}")
-        else:
-            parts.append(f"rate {rate_text(after / period)} (unchanged)")
-    return " · ".join(parts)
-
-
 def job_eta_seconds(job: Job, pace: float) -> float | None:
     """Seconds until a running job is done at its pace, never faster than its API allows;
     None when the job is not moving by itself (paused, cancelled, completed)."""
@@ -372,20 +313,6 @@ class Timeline:
     calls_per_second: list[float]
     throttled: list[int]
     limit_per_second: float
-
-
-def duration_text(seconds: float | None) -> str:
-    """An ETA or a duration as people read it: 2 h 05 min, 3 min 07 s, 12 s; — for none."""
-    if seconds is None:
-        return "—"
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, seconds = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes:02d} min"
-    if minutes:
-        return f"{minutes} min {seconds:02d} s"
-    return f"{seconds} s"
 
 
 def job_timeline(job: Job, max_buckets: int = 60) -> Timeline | None:
@@ -463,16 +390,6 @@ def response_body_output(
     if text is None and body is not None:
         return base64.b64encode(body).decode("ascii"), True
     return text, False
-
-
-def response_removed_text(call: Call) -> str | None:
-    """What a page shows instead of a body retention removed (RATEJOBS_KEEP_BODIES_DAYS), so
-    that it never reads as a call that got nothing back; None when it was not removed."""
-    removed = call.response_removed_at
-    if removed is None:
-        return None
-    days = (removed - (call.finished or removed)).days
-    return f"removed after {days} day{'' if days == 1 else 's'} (retention)"
 
 
 def job_counts_by_status() -> dict[str, int]:

@@ -12,7 +12,8 @@ from ratejobs.limiter import LimiterError, LimiterState, LimiterUnavailable
 from ratejobs.limiter.buckets import KeyBuckets
 from ratejobs.models import Api
 from ratejobs.namespace import limiter_namespace
-from ratejobs.selectors.apis import api_key_buckets, api_limiter_state, api_list, window_text
+from ratejobs.selectors.apis import api_key_buckets, api_limiter_state, api_list
+from ratejobs.text import window_text
 
 COLUMNS = ("API", "RATE NOW", "CEILING", "BURST", "ADAPTIVE", "BLOCKED", "NEXT SLOT",
            "IN FLIGHT", "GRANTS", "429s", "GEN", "LEARNED")  # fmt: skip

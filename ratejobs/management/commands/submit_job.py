@@ -19,7 +19,8 @@ from ratejobs.management.messages import clause, refusal, validation_problems
 from ratejobs.models import MAX_PRIORITY, Api, Job
 from ratejobs.permissions import can_submit_jobs
 from ratejobs.selectors.apis import api_list
-from ratejobs.selectors.jobs import duration_text, job_eta_seconds, job_paces
+from ratejobs.selectors.jobs import job_eta_seconds, job_paces
+from ratejobs.text import duration_text
 from ratejobs.uploads import UploadError, calls_from_upload, job_submit_from_file
 
 BAR_WIDTH = 30
