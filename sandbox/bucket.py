@@ -119,7 +119,7 @@ class Decision:
     @property
     def tightest(self) -> Quota:
         """The request quota closest to refusing: fewest left, then the longest to refill (as
-        ratejobs.headers.parse_quota ranks quotas)."""
+        ratejobs.limiter.headers.parse_quota ranks quotas)."""
         return min(self.requests, key=lambda quota: (quota.remaining, -quota.reset_after))
 
 

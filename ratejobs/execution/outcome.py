@@ -15,7 +15,7 @@ from typing import Literal
 
 from ratejobs.execution.backoff import full_jitter
 from ratejobs.execution.http import HttpResult
-from ratejobs.headers import is_throttle, throttle_delay
+from ratejobs.limiter.headers import is_throttle, throttle_delay
 
 # "wait" is never a classification: execute_call uses it when nothing could be sent.
 DecisionKind = Literal["succeeded", "failed", "retry", "throttled", "wait"]

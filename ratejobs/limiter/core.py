@@ -13,7 +13,6 @@ from typing import Any
 
 import redis
 
-from ratejobs.headers import is_throttle, throttle_delay
 from ratejobs.limiter.config import MAX_COST, LimiterConfig, Window
 from ratejobs.limiter.errors import (
     LimiterError,
@@ -22,6 +21,7 @@ from ratejobs.limiter.errors import (
     TooBig,
     WaitTooLong,
 )
+from ratejobs.limiter.headers import is_throttle, throttle_delay
 
 MICROS = 1_000_000
 KEY_PREFIX = "ratejobs:limiter"

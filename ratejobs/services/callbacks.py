@@ -43,8 +43,8 @@ from ratejobs.execution.http import HttpResult, send, session_for_process
 from ratejobs.execution.outbound import OutboundPolicy, Resolver, policy_for, refused_address
 from ratejobs.execution.request import HttpRequest
 from ratejobs.execution.targets import validate_base_url
-from ratejobs.headers import parse_retry_after
 from ratejobs.infra.clock import database_now
+from ratejobs.limiter.headers import parse_retry_after
 from ratejobs.models import Call, CallbackStatus, Job, SigningKey
 from ratejobs.signing import SIGNATURE_HEADER, new_secret, signature_header
 

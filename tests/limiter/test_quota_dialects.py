@@ -9,8 +9,8 @@ import time
 import pytest
 import requests
 
-from ratejobs.headers import parse_quota
 from ratejobs.limiter import LimiterConfig
+from ratejobs.limiter.headers import parse_quota
 
 # The sandbox advertises (and enforces) 5 requests/s with a burst of 5; the limiter is set to ten
 # times that, so only the headers can keep the client inside the quota. Shopify's header says how

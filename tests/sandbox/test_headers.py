@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ratejobs.headers import parse_quota, parse_retry_after
+from ratejobs.limiter.headers import parse_quota, parse_retry_after
 
 
 def exhaust(session, url: str, burst: int):

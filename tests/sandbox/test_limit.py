@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import requests
 
-from ratejobs.headers import parse_quota
+from ratejobs.limiter.headers import parse_quota
 from tests.sandbox.conftest import worst_window_excess
 
 THREADS = 3

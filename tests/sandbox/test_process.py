@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ratejobs.headers import parse_quota
+from ratejobs.limiter.headers import parse_quota
 from sandbox import SandboxConfig, start_sandbox_process
 from sandbox.config import DEFAULT_CLI_PORT, parse_argv
 

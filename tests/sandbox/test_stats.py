@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ratejobs.headers import parse_retry_after
+from ratejobs.limiter.headers import parse_retry_after
 
 
 def test_stats_count_statuses_and_log_each_arrival(make_sandbox, session):

@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from ratejobs.headers import parse_quota
+from ratejobs.limiter.headers import parse_quota
 from tests.sandbox.conftest import worst_window_excess
 
 USED = "X-Tokens-Used"

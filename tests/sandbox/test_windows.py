@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from ratejobs.headers import parse_quota
+from ratejobs.limiter.headers import parse_quota
 from sandbox import start_sandbox_process
 from tests.sandbox.conftest import worst_window_excess
 

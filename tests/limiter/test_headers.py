@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratejobs.execution.cost import cost_from_response
-from ratejobs.headers import (
+from ratejobs.limiter.config import MAX_COST
+from ratejobs.limiter.headers import (
     MAX_DELAY_SECONDS,
     MAX_DIGITS,
     UNKNOWN_RESET_PROBE_SECONDS,
@@ -21,7 +22,6 @@ from ratejobs.headers import (
     parse_retry_after,
     throttle_delay,
 )
-from ratejobs.limiter.config import MAX_COST
 
 # Our clock (the limiter's, Redis TIME) in every test: Tue, 14 Nov 2023 22:13:20 GMT.
 NOW = 1_700_000_000.0
