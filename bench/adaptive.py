@@ -49,7 +49,7 @@ def strategies(rate: float) -> list[Strategy]:
     return [
         Strategy(
             "cubic",
-            "adaptive, plain CUBIC (learn off: the behaviour before issue 12)",
+            "adaptive, plain CUBIC (learn off)",
             LimiterConfig(rate=rate, adaptive=True, learn=False),
         ),
         Strategy(

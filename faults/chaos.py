@@ -114,8 +114,7 @@ LOSE_TIMEOUT = 10.0
 BEAT_START_TIMEOUT = 60.0
 LOG_ERROR = re.compile(r": (ERROR|CRITICAL)/")
 DOC = PROJECT_ROOT / "docs" / "reliability.md"
-# The marker docs/reliability.md holds, as written when this file was bench/chaos.py: change
-# both together (MOVES.md of issue 23).
+# The markers around the table in docs/reliability.md: change both together.
 DOC_BEGIN = "<!-- chaos table: written by `python -m faults.chaos --record` -->"
 DOC_END = "<!-- end of chaos table -->"
 FAILED_LOGS = PROJECT_ROOT / "artifacts" / "chaos"
