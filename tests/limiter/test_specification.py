@@ -872,3 +872,18 @@ def limits_differ(old: LimiterConfig, new: LimiterConfig) -> bool:
     return old.as_script_args()[:8] + old.as_script_args()[9:] != (
         new.as_script_args()[:8] + new.as_script_args()[9:]
     )
+
+
+def test_a_lease_that_ended_a_microsecond_ago_is_not_counted(frozen_redis: FrozenRedis) -> None:
+    # given a lease ending 1 µs before now: Lua's `..` writes a number with 14 digits, which on
+    # a µs clock (16 digits) rounds to 100 µs, so a bound built that way counted it as held
+    client, clock = frozen_redis.client, frozen_redis.clock
+    client.flushall()
+    clock.set(START_US)
+    limiter = Limiter(client, "ended", LimiterConfig(rate=5.0, burst=2))
+    clock.set(START_US + 1)
+    grant = limiter.acquire(max_wait=0, lease_seconds=0.25)
+    clock.set(START_US + 1 + 250_000 + 1)
+    # expect: the state and a release see no lease out
+    assert limiter.state().in_flight == 0
+    assert limiter.release(grant) is False

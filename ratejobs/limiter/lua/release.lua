@@ -13,9 +13,11 @@ the unexpired leases left. Each freed lease wakes one caller waiting for capacit
 ]]
 
 local now = now_us()
+-- expired leases go first, so that one of them released late counts 0, as said above
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', as_string(now))
 local released = redis.call('ZREM', KEYS[2], unpack(ARGV))
 local cfg = load_config(KEYS[1])
 if cfg then
   wake_waiters(cfg, KEYS[3], released)
 end
-return {released, redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')}
+return {released, redis.call('ZCOUNT', KEYS[2], '(' .. as_string(now), '+inf')}

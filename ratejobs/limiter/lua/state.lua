@@ -58,6 +58,6 @@ return {'configured', 1, 'now_us', now, 'rate', as_string(cfg.rate),
   'config_version', cfg.version, 'current_rate', as_string(rate),
   'next_free_us', now + next_slot_offset(cfg, st, now, 1, interval_us(cfg, rate)),
   'blocked_until_us', st.blocked_until,
-  'in_flight', redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf'), 'generation', st.generation,
+  'in_flight', redis.call('ZCOUNT', KEYS[3], '(' .. as_string(now), '+inf'), 'generation', st.generation,
   'learned_rate', st.learned and as_string(st.learned) or '', 'counts', counts,
   'windows', windows}

@@ -63,7 +63,7 @@ local function trim_heads(state_key, heads_key, st, now, expires_at)
     return
   end
   if seq then
-    redis.call('ZREMRANGEBYSCORE', heads_key, '-inf', '(' .. seq)
+    redis.call('ZREMRANGEBYSCORE', heads_key, '-inf', '(' .. as_string(seq))
   end
   redis.call('HSET', state_key, 'heads_seq', st.cost_seq, 'heads_until', expires_at)
 end
