@@ -9,7 +9,7 @@ from ratejobs.execution.execute import (
     ExecutionPolicy,
     Outcome,
     OutcomeKind,
-    execute_call,
+    attempt_call,
 )
 from ratejobs.execution.http import HttpResult, send
 from ratejobs.execution.outcome import Decision, DecisionKind, classify
@@ -33,7 +33,7 @@ __all__ = [
     "build_request",
     "check_headers",
     "classify",
-    "execute_call",
+    "attempt_call",
     "full_jitter",
     "resolve_url",
     "send",
