@@ -4,7 +4,7 @@ baseline run by the same worker in the same run; prints one markdown table.
     python -m bench.jobs [--calls N] [--workers C] [--quick]
 
 One `celery -A project worker -c C` (prefork) runs both: first a ratejobs job of N GET calls
-(job_create, the dispatcher's bounded window, execute_call through the shared limiter, the
+(job_create, the dispatcher's bounded window, attempt_call through the shared limiter, the
 result recorded on the call), then N `.delay()`ed bare tasks (bench/bare_tasks.py: one GET with
 requests, one row UPDATE). Everything is bench-only and removed at the end: a SQLite file in a
 temporary directory (or, when DATABASE_URL is set, a database named after it with `_bench`

@@ -23,7 +23,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import requests
 
-from ratejobs.execution.http import new_session
+from ratejobs.execution.connections import new_session
 from ratejobs.execution.outbound import OutboundPolicy
 
 # The test servers listen on 127.0.0.1 (and localhost resolves there): the only addresses the

@@ -4,13 +4,14 @@ the response (no Django, no Celery)."""
 from __future__ import annotations
 
 from ratejobs.execution.backoff import backoff_ceiling, full_jitter
+from ratejobs.execution.connections import session_for_process
 from ratejobs.execution.execute import (
     ExecutionPolicy,
     Outcome,
     OutcomeKind,
-    execute_call,
+    attempt_call,
 )
-from ratejobs.execution.http import HttpResult, send, session_for_process
+from ratejobs.execution.http import HttpResult, send
 from ratejobs.execution.outcome import Decision, DecisionKind, classify
 from ratejobs.execution.request import HttpRequest, build_request
 from ratejobs.execution.targets import (
@@ -32,7 +33,7 @@ __all__ = [
     "build_request",
     "check_headers",
     "classify",
-    "execute_call",
+    "attempt_call",
     "full_jitter",
     "resolve_url",
     "send",

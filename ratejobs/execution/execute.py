@@ -101,7 +101,7 @@ class ExecutionPolicy:
 @dataclass(frozen=True)
 class Outcome:
     """One attempt's end. `attempts` and `throttled_retries` are the counters to pass to the
-    next attempt's execute_call (as `attempts + 1` and `throttled_retries`)."""
+    next attempt's attempt_call (as `attempts + 1` and `throttled_retries`)."""
 
     decision: Decision
     result: HttpResult | None  # None: nothing was sent
@@ -118,7 +118,7 @@ class Outcome:
     # What the response said the call cost (cost_header / cost_json_field); None: not said.
     cost_used: int | None = None
     # A slot further away than max_wait, reserved for this call (keep_place): hand it back to
-    # execute_call as `reserved` when the call runs again, max_wait before it (retry_after).
+    # attempt_call as `reserved` when the call runs again, max_wait before it (retry_after).
     place: Grant | None = None
 
     @property
@@ -138,7 +138,7 @@ class Outcome:
         return self.result is not None
 
 
-def execute_call(
+def attempt_call(
     request: HttpRequest,
     *,
     limiter: Limiter,

@@ -17,7 +17,7 @@ from ratejobs.execution.backoff import full_jitter
 from ratejobs.execution.http import HttpResult
 from ratejobs.limiter.headers import is_throttle, throttle_delay
 
-# "wait" is never a classification: execute_call uses it when nothing could be sent.
+# "wait" is never a classification: attempt_call uses it when nothing could be sent.
 DecisionKind = Literal["succeeded", "failed", "retry", "throttled", "wait"]
 
 # Request Timeout: the server gave up waiting for us, so a later attempt can succeed.

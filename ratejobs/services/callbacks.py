@@ -39,7 +39,8 @@ from django.utils import timezone
 
 from ratejobs.crypto import CredentialError, decrypt_secret, encrypt_secret
 from ratejobs.execution.backoff import backoff_ceiling, full_jitter
-from ratejobs.execution.http import HttpResult, send, session_for_process
+from ratejobs.execution.connections import session_for_process
+from ratejobs.execution.http import HttpResult, send
 from ratejobs.execution.outbound import OutboundPolicy, Resolver, policy_for, refused_address
 from ratejobs.execution.request import HttpRequest
 from ratejobs.execution.targets import validate_base_url

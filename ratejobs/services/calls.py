@@ -2,7 +2,7 @@
 database on the way), record the outcomes of many calls in one transaction.
 
 The engine (worker/engine.py) runs these for a worker process, the send on its pool of
-threads; call_execute runs one call start to end in the caller's thread."""
+threads; call_attempt_by_id runs one call start to end in the caller's thread."""
 
 from __future__ import annotations
 
@@ -22,13 +22,13 @@ from django.db.models import F, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from ratejobs.crypto import CredentialError, resolve_credential
+from ratejobs.execution.connections import session_for_process
 from ratejobs.execution.execute import (
     ExecutionPolicy,
     Outcome,
-    execute_call,
+    attempt_call,
     outcome_without_response,
 )
-from ratejobs.execution.http import session_for_process
 from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.outcome import Decision
 from ratejobs.execution.request import HttpRequest, build_request, merge_headers
@@ -301,8 +301,9 @@ def call_request(call: Call, api: Api, secret: str | None) -> HttpRequest:
 
 
 def call_attempt(claimed: Claimed) -> Outcome:
-    """One attempt of a claimed call through its API's shared limiter. Touches no database,
-    so any number of these run at once on a worker's threads."""
+    """One attempt of a claimed call through its API's shared limiter: the call's request
+    built, then attempt_call (ratejobs.execution). Touches no database, so any number of these
+    run at once on a worker's threads."""
     call, context = claimed.call, claimed.context
     api = call.job.api
     try:
@@ -316,7 +317,7 @@ def call_attempt(claimed: Claimed) -> Outcome:
         return outcome_without_response(
             Decision("failed", error=str(exc)), 0.0, call.attempts, call.throttled_count
         )
-    return execute_call(
+    return attempt_call(
         request,
         limiter=context.limiter,
         session=context.session,
@@ -334,9 +335,10 @@ def call_attempt(claimed: Claimed) -> Outcome:
     )
 
 
-def call_execute(*, call_id: int) -> str:
-    """Claim, run and record one call in this thread (what a worker does for each call of a
-    message, without its pool); safe to run twice for one call."""
+def call_attempt_by_id(*, call_id: int) -> str:
+    """One attempt of the call `call_id`, start to end in this thread: claimed, call_attempt,
+    recorded (what a worker does for each call of a message, without its pool); safe to run
+    twice for one call."""
     owner = process_owner()
     worker_heartbeat(owner=owner)
     job_id = Call.objects.filter(pk=call_id).values_list("job_id", flat=True).first()

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from devtools.devredis import start_private_redis
-from ratejobs.execution import ExecutionPolicy, HttpRequest, execute_call
+from ratejobs.execution import ExecutionPolicy, HttpRequest, attempt_call
 from ratejobs.execution.cost import COST_JSON_FIELD, cost_from_response, parse_cost
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.limiter.config import MAX_COST, Window
@@ -84,7 +84,7 @@ def test_cost_json_field_shape_refuses_others(path):
     assert not COST_JSON_FIELD.fullmatch(path)
 
 
-# -- execute_call settles the limiter to what the response said ------------------------------
+# -- attempt_call settles the limiter to what the response said ------------------------------
 
 TOKEN_WINDOW = Window(rate=1000, period=60, burst=1000, unit="cost")
 
@@ -98,7 +98,7 @@ def token_sandbox():
 
 
 def attempt(limiter, session, url: str, *, cost: int, policy: ExecutionPolicy):
-    return execute_call(
+    return attempt_call(
         HttpRequest("GET", url, {}),
         limiter=limiter,
         session=session,

@@ -1,4 +1,4 @@
-"""execute_call against a real HTTP server and the real shared limiter on Redis."""
+"""attempt_call against a real HTTP server and the real shared limiter on Redis."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import redis
 import requests
 
-from ratejobs.execution import ExecutionPolicy, HttpRequest, execute_call
+from ratejobs.execution import ExecutionPolicy, HttpRequest, attempt_call
+from ratejobs.execution.connections import new_session
 from ratejobs.execution.execute import LIMITER_UNAVAILABLE_RETRY_SECONDS
-from ratejobs.execution.http import new_session
 from ratejobs.limiter import Limiter, LimiterConfig
 from tests.realhttp import LOOPBACK, free_port
 
@@ -29,7 +29,7 @@ POLICY = ExecutionPolicy(
 
 
 def run(request, limiter, session, *, attempts=1, throttled_retries=0, max_wait=1.0):
-    return execute_call(
+    return attempt_call(
         request,
         limiter=limiter,
         session=session,

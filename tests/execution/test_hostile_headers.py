@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api, Call, ThrottleEvent
-from ratejobs.services.calls import call_execute
+from ratejobs.services.calls import call_attempt_by_id
 from ratejobs.services.jobs import job_create
 
 # Past int()'s limit of 4300 digits: int() of it raises, float() of it is inf.
@@ -44,7 +44,7 @@ def one_call(api: Api, owner: Any, path: str) -> Call:
 def run_now(call: Call) -> str:
     """Run the call as a worker would, due now (its backoff skipped); returns the outcome."""
     Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now(), next_attempt_at=None)
-    kind = call_execute(call_id=call.pk)
+    kind = call_attempt_by_id(call_id=call.pk)
     call.refresh_from_db()
     return kind
 

@@ -12,12 +12,12 @@ from urllib.parse import quote
 import pytest
 
 from ratejobs.execution import HttpRequest, build_request, send, session_for_process
+from ratejobs.execution.connections import new_session
 from ratejobs.execution.http import (
     MAX_REDIRECTS,
     MAX_RESPONSE_HEADER_BYTES,
     MAX_RESPONSE_HEADERS,
     _in_scope,
-    new_session,
 )
 from ratejobs.execution.outbound import OutboundPolicy
 from tests.realhttp import LOOPBACK, free_port

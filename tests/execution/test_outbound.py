@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 
 from ratejobs.execution import HttpRequest, classify, send
-from ratejobs.execution.http import new_session
+from ratejobs.execution.connections import new_session
 from ratejobs.execution.outbound import (
     ALLOW_SETTING,
     OutboundPolicy,

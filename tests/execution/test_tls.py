@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ratejobs.execution import HttpRequest, send
-from ratejobs.execution.http import new_session
+from ratejobs.execution.connections import new_session
 from tests.execution.test_outbound import answers
 from tests.realhttp import LOOPBACK
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 from project.celery import app
 from ratejobs.models import Call
 from ratejobs.services.apis import api_create
-from ratejobs.services.calls import call_execute
+from ratejobs.services.calls import call_attempt_by_id
 from ratejobs.services.jobs import job_cancel, job_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +37,7 @@ def test_a_call_task_delivered_twice_sends_and_records_once(broker, sandbox, uni
     Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
     outcomes: list[str] = []
     runs = [
-        threading.Thread(target=lambda: outcomes.append(call_execute(call_id=call.pk)))
+        threading.Thread(target=lambda: outcomes.append(call_attempt_by_id(call_id=call.pk)))
         for _ in range(2)
     ]
     for run in runs:
@@ -45,7 +45,7 @@ def test_a_call_task_delivered_twice_sends_and_records_once(broker, sandbox, uni
     for run in runs:
         run.join(30)
     # and once more after it finished (a redelivery after a lost acknowledgement)
-    outcomes.append(call_execute(call_id=call.pk))
+    outcomes.append(call_attempt_by_id(call_id=call.pk))
     # expect: one request reached the API, one result, counted once
     call.refresh_from_db()
     job.refresh_from_db()
@@ -83,7 +83,7 @@ def test_a_call_claimed_while_its_job_is_being_cancelled_is_not_sent(broker, san
     canceller.start()
     assert cancelled.wait(10)
     # when a worker claims the call at that moment
-    outcome = call_execute(call_id=call.pk)
+    outcome = call_attempt_by_id(call_id=call.pk)
     canceller.join(10)
     # expect: the claim sees the committed cancel; nothing sent, the call counted once
     call.refresh_from_db()
@@ -105,7 +105,7 @@ def test_a_call_whose_attempt_ends_in_a_retry_after_its_job_was_cancelled_ends_c
     call = Call.objects.get(job=job)
     Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
     outcomes: list[str] = []
-    attempt = threading.Thread(target=lambda: outcomes.append(call_execute(call_id=call.pk)))
+    attempt = threading.Thread(target=lambda: outcomes.append(call_attempt_by_id(call_id=call.pk)))
     attempt.start()
     deadline = time.monotonic() + 10
     while server.stats()["arrivals"] < 1:

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from ratejobs.infra.clock import database_now
 from ratejobs.models import Call, Job
-from ratejobs.services.calls import call_execute
+from ratejobs.services.calls import call_attempt_by_id
 from ratejobs.services.jobs import job_cancel, job_create, job_lock, job_pause, job_resume
 from ratejobs.worker.dispatch import dispatch_api
 from ratejobs.worker.reconcile import reconcile
@@ -40,7 +40,7 @@ def test_a_call_is_due_by_the_database_clock_not_by_a_worker_clock_an_hour_ahead
     # when that worker dispatches the API's calls and runs the call
     dispatched = dispatch_api(api_id=api.pk).dispatched
     Call.objects.filter(pk=call.pk).update(dispatched_at=database_now())
-    kind = call_execute(call_id=call.pk)
+    kind = call_attempt_by_id(call_id=call.pk)
     # expect: nothing dispatched, nothing sent: the call is not due for another minute
     assert (dispatched, kind) == (0, "skipped")
     assert http_server.requests_with(marker) == []

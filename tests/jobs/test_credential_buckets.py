@@ -17,7 +17,7 @@ from ratejobs.models import Call
 from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services import credentials as credential_services
 from ratejobs.services.apis import api_limiter_reset
-from ratejobs.services.calls import call_execute, calls_claim, calls_reserve_slots
+from ratejobs.services.calls import call_attempt_by_id, calls_claim, calls_reserve_slots
 from ratejobs.services.credentials import credentials_add, key_secrets
 from ratejobs.services.jobs import job_create
 from ratejobs.worker.dispatch import _credential_buckets_running, dispatch_window
@@ -120,12 +120,12 @@ def test_a_429_for_one_customers_key_blocks_only_that_keys_bucket(
     throttled, ok = job.calls.order_by("index")
     # expect: acme's bucket is blocked for the Retry-After; globex's call still goes at once
     with caplog.at_level("INFO", logger="ratejobs.services.calls"):
-        assert call_execute(call_id=throttled.pk) == "throttled"
+        assert call_attempt_by_id(call_id=throttled.pk) == "throttled"
     (line,) = [r for r in caplog.records if r.getMessage().startswith("throttle decision")]
     assert f"api={api.name} key=acme job=" in line.getMessage()
     assert line.credential_key == "acme"
     assert api_limiter(api, "acme").state().blocked_for > 25
-    assert call_execute(call_id=ok.pk) == "succeeded"
+    assert call_attempt_by_id(call_id=ok.pk) == "succeeded"
     assert api_limiter(api, "globex").state().blocked_for == 0
     assert api_limiter(api).state().blocked_for == 0
     assert [s.headers["Authorization"] for s in http_server.requests_with(marker)] == ["a", "g"]

@@ -12,7 +12,12 @@ from django.utils import timezone
 
 from ratejobs.models import Call
 from ratejobs.services.apis import api_create
-from ratejobs.services.calls import call_attempt, call_execute, call_idempotency_key, calls_claim
+from ratejobs.services.calls import (
+    call_attempt,
+    call_attempt_by_id,
+    call_idempotency_key,
+    calls_claim,
+)
 from ratejobs.services.jobs import job_create
 from tests.jobs.test_calls import broker  # noqa: F401 (fixture)
 
@@ -50,7 +55,7 @@ def test_every_attempt_of_a_call_carries_its_key_and_a_resend_is_answered_once(
     # when each call is tried twice and retried, then the server recovers
     for call in (first, second, first, second):
         make_due(call)
-        assert call_execute(call_id=call.pk) == "retry"
+        assert call_attempt_by_id(call_id=call.pk) == "retry"
     server.configure(error_rate=0.0)
     # and the first call is answered but its worker dies before writing the answer down, so
     # its claim runs out and it is sent once more
@@ -58,9 +63,9 @@ def test_every_attempt_of_a_call_carries_its_key_and_a_resend_is_answered_once(
     lost = calls_claim(job_id=job.pk, call_ids=[first.pk], owner="a-process-about-to-die")
     assert call_attempt(lost[0]).kind == "succeeded"
     Call.objects.filter(pk=first.pk).update(running_until=timezone.now() - timedelta(seconds=1))
-    assert call_execute(call_id=first.pk) == "succeeded"
+    assert call_attempt_by_id(call_id=first.pk) == "succeeded"
     make_due(second)
-    assert call_execute(call_id=second.pk) == "succeeded"
+    assert call_attempt_by_id(call_id=second.pk) == "succeeded"
     # expect: every attempt of a call carried the same key, <job uuid>-<index>, and the resend
     # got the first answer again instead of being acted on twice
     job.refresh_from_db()
@@ -93,7 +98,7 @@ def test_a_calls_own_key_wins_and_an_api_without_a_header_sends_none(
     plain_job = job_create(owner=owner, api=plain, name="plain", calls=[{"path": "/none"}])
     for call in Call.objects.filter(job__in=[keyed_job, plain_job]):
         make_due(call)
-        assert call_execute(call_id=call.pk) == "succeeded"
+        assert call_attempt_by_id(call_id=call.pk) == "succeeded"
     assert keys_by_path(server) == {
         "/own": ["the-users-own-key"],
         "/given": [f"{keyed_job.uuid}-1"],

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from devtools import devredis
 from ratejobs.models import Api, Call
-from ratejobs.services.calls import call_execute
+from ratejobs.services.calls import call_attempt_by_id
 from ratejobs.services.jobs import job_create
 from tests.conftest import _forget_redis_clients
 
@@ -42,7 +42,7 @@ def run_until_final(call: Call, *, rounds: int) -> list[str]:
     kinds = []
     for _ in range(rounds):
         Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now(), next_attempt_at=None)
-        kinds.append(call_execute(call_id=call.pk))
+        kinds.append(call_attempt_by_id(call_id=call.pk))
         call.refresh_from_db()
         if call.status in Call.FINAL:
             break

@@ -25,7 +25,7 @@ from psycopg import pq
 
 from ratejobs.models import Call, Job
 from ratejobs.selectors import results
-from ratejobs.services.calls import call_execute
+from ratejobs.services.calls import call_attempt_by_id
 from ratejobs.services.credentials import credentials_add
 
 # The columns as docs/api.md's results files document them, in their order: the file's
@@ -303,7 +303,7 @@ def injection_job(api_client, make_api, answering_api) -> Job:
     job = Job.objects.get(pk=created.json()["id"])
     for call in Call.objects.filter(job=job).order_by("index"):
         Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
-        assert call_execute(call_id=call.pk) == "succeeded"
+        assert call_attempt_by_id(call_id=call.pk) == "succeeded"
     # no error text of ours starts a formula today, but one may quote what an API said
     Call.objects.filter(job=job, index=0).update(error="@SUM(1+1) said the API")
     return job

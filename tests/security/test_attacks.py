@@ -1,7 +1,7 @@
 """Five attacks, replayed step by step as an attacker with an ordinary staff account would run
 them, through the real REST routes, the worker's code
-(call_execute, the same service a Celery task runs) and real HTTP servers on loopback. Each must
-fail and leave nothing behind.
+(call_attempt_by_id, the same service a Celery task runs) and real HTTP servers on loopback.
+Each must fail and leave nothing behind.
 
 Attack 5 (memory) needs a real web server process to measure: see
 tests/rest/test_request_size.py (test_a_60_mib_body_is_a_json_413_with_and_without_content_
@@ -20,7 +20,7 @@ import pytest
 from django.utils import timezone
 
 from ratejobs.models import Api, Call, Job
-from ratejobs.services.calls import call_execute
+from ratejobs.services.calls import call_attempt_by_id
 
 SECRET = "worker-secret-0d6c1b"
 INTERNAL = "internal-only-answer-5e2f"
@@ -35,7 +35,7 @@ def run_job(client: Any, api_name: str, path: str) -> Call | None:
         return None
     call = Call.objects.get(job_id=created.json()["id"])
     Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
-    call_execute(call_id=call.pk)
+    call_attempt_by_id(call_id=call.pk)
     call.refresh_from_db()
     return call
 

@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from ratejobs.execution import HttpRequest, send
-from ratejobs.execution.http import new_session, session_for_process
+from ratejobs.execution.connections import new_session, session_for_process
 from ratejobs.execution.outbound import AddressRefused, connect_allowed, policy_for
 from ratejobs.models import CallbackStatus, Job
 from ratejobs.services.callbacks import (

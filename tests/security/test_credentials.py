@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from ratejobs.crypto import encrypt_secret
 from ratejobs.models import Api, Call
-from ratejobs.services.calls import call_execute
+from ratejobs.services.calls import call_attempt_by_id
 from ratejobs.services.jobs import job_create
 
 CANARY = "canary-env-secret-3c9d1e"
@@ -92,7 +92,7 @@ def test_a_worker_never_sends_a_variable_outside_the_prefix_even_from_an_old_row
     call = Call.objects.get(job=job)
     Call.objects.filter(pk=call.pk).update(dispatched_at=timezone.now())
 
-    assert call_execute(call_id=call.pk) == "failed"
+    assert call_attempt_by_id(call_id=call.pk) == "failed"
 
     call.refresh_from_db()
     assert call.status == "failed" and "RATEJOBS_CRED_" in call.error
@@ -109,7 +109,7 @@ def test_an_allowed_variable_is_sent_under_the_auth_header(
     job = job_create(owner=user, api=api, name="ok", calls=[{"path": f"/echo/{marker}"}])
     Call.objects.filter(job=job).update(dispatched_at=timezone.now())
 
-    assert call_execute(call_id=Call.objects.get(job=job).pk) == "succeeded"
+    assert call_attempt_by_id(call_id=Call.objects.get(job=job).pk) == "succeeded"
 
     (seen,) = http_server.requests_with(marker)
     assert seen.headers.get("X-Key") == CANARY
@@ -232,7 +232,7 @@ def test_a_customers_key_secret_is_encrypted_and_in_no_answer_row_or_error(
     job = job_create(owner=superuser, api=api, name="j", calls=[{"path": f"/ok/{marker}"}],
                      credential_key="acme")  # fmt: skip
     Call.objects.filter(job=job).update(dispatched_at=timezone.now())
-    assert call_execute(call_id=job.calls.get().pk) == "succeeded"
+    assert call_attempt_by_id(call_id=job.calls.get().pk) == "succeeded"
     # expect: the API got it in its auth_header, and nothing we store or answer holds it
     (seen,) = http_server.requests_with(marker)
     assert seen.headers.get("Authorization") == CANARY
