@@ -11,9 +11,7 @@ test_more_calls_than_the_maximum_are_refused_before_any_is_checked).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -21,9 +19,11 @@ from django.utils import timezone
 
 from ratejobs.models import Api, Call, Job
 from ratejobs.services.calls import call_attempt_by_id
+from tests.realhttp import TestServer, serving
 
 SECRET = "worker-secret-0d6c1b"
 INTERNAL = "internal-only-answer-5e2f"
+METADATA_PATH = "/answer/meta-data"  # where internal_service answers INTERNAL
 
 
 def run_job(client: Any, api_name: str, path: str) -> Call | None:
@@ -75,37 +75,21 @@ def test_attack_2_a_stored_credential_follows_a_new_base_url(
         assert seen.headers.get("Host", "").startswith("127.0.0.1")
 
 
-class _Internal(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.server.hits += 1  # type: ignore[attr-defined]
-        body = INTERNAL.encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
-
-
 @pytest.fixture
-def internal_service() -> Iterator[Any]:
+def internal_service() -> Iterator[TestServer]:
     """A service on 127.0.0.2, outside the tests' allow-list (127.0.0.1): the internal network
-    (a metadata service, an admin port) as far as the outbound policy is concerned."""
-    server = ThreadingHTTPServer(("127.0.0.2", 0), _Internal)
-    server.hits = 0  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    (a metadata service, an admin port) as far as the outbound policy is concerned. It answers
+    INTERNAL at METADATA_PATH and records every request."""
+    with serving("127.0.0.2") as server:
+        server.answer("meta-data", 200, {}, INTERNAL.encode())
+        yield server
 
 
 @pytest.mark.parametrize("host", ["127.0.0.2", "0x7f000002", "2130706434", "[::ffff:127.0.0.2]"])
 def test_attack_3_ssrf_reads_an_internal_service(
     client_for, manager, user, internal_service, unique_name, host
 ):
-    port = internal_service.server_address[1]
+    port = internal_service.port
     base_url = f"http://{host}:{port}"
     # when: the API is configured at the internal address (in a numeric form, say) ...
     created = client_for(manager).post(
@@ -116,11 +100,11 @@ def test_attack_3_ssrf_reads_an_internal_service(
         assert "outbound policy" in str(created.json()["base_url"])
     # ... or was stored before the rule, or resolves elsewhere by the time a worker calls it
     api = Api.objects.create(name=f"{unique_name}-old", base_url=base_url, rate=10)
-    call = run_job(client_for(user), api.name, "/latest/meta-data/")
+    call = run_job(client_for(user), api.name, METADATA_PATH)
     # expect: refused at connect time, nothing reached the service, nothing to read
     assert call is not None and call.status == "failed" and call.attempts <= 1
     assert "not allowed by the outbound policy" in call.error
-    assert internal_service.hits == 0
+    assert internal_service.seen == []
     calls = client_for(user).get(f"/api/jobs/{call.job_id}/calls/").content.decode()
     assert INTERNAL not in calls
 
