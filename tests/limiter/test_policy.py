@@ -60,10 +60,6 @@ def call_lua(redis_url: str):
     return call
 
 
-def number(x) -> float:
-    return float(x)
-
-
 @dataclass(frozen=True)
 class Case:
     """An adaptive bucket's config and learning state at NOW, as the model holds them."""
@@ -158,7 +154,7 @@ def assert_close(lua_value, model_value) -> None:
     if isinstance(model_value, bool) or model_value is None:
         assert lua_value == model_value
     else:
-        assert number(lua_value) == pytest.approx(model_value, rel=1e-9, abs=1e-6)
+        assert float(lua_value) == pytest.approx(model_value, rel=1e-9, abs=1e-6)
 
 
 @settings(max_examples=300, deadline=None)
@@ -167,8 +163,8 @@ def test_current_rate_is_the_models(call_lua, case: Case, later_us: int) -> None
     # A1-A4: the rate at any moment, from any learning or CUBIC state
     now = NOW + later_us
     [rate] = call_lua("current_rate", case.lua_config(), case.lua_state(now), now)
-    assert number(rate) == pytest.approx(case.model.current_rate(now), rel=1e-9)
-    assert case.config.min_rate * (1 - 1e-9) <= number(rate) <= case.config.rate * (1 + 1e-9)
+    assert float(rate) == pytest.approx(case.model.current_rate(now), rel=1e-9)
+    assert case.config.min_rate * (1 - 1e-9) <= float(rate) <= case.config.rate * (1 + 1e-9)
 
 
 @settings(max_examples=300, deadline=None)
@@ -183,9 +179,9 @@ def test_a_learning_phase_starts_as_the_model_says(call_lua, case: Case) -> None
     assert due == ((model.learn_target, model.learn_from, model.learn_grants) != before)
     if due:
         [phase] = call_lua("learning_phase", cfg, state, NOW, model.grants)
-        assert number(phase["learn_target"]) == pytest.approx(model.learn_target, rel=1e-9)
-        assert number(phase["learn_from"]) == model.learn_from == NOW
-        assert number(phase["learn_grants"]) == model.grants
+        assert float(phase["learn_target"]) == pytest.approx(model.learn_target, rel=1e-9)
+        assert float(phase["learn_from"]) == model.learn_from == NOW
+        assert float(phase["learn_grants"]) == model.grants
 
 
 @settings(max_examples=500, deadline=None)
@@ -205,12 +201,12 @@ def test_a_throttle_teaches_what_the_model_learns(call_lua, case: Case, rate_bef
     assert changes["learn_sure"] == model.learn_sure
     assert_close(changes.get("learned", state.get("learned")), model.learned)
     if "learn_base_us" in changes:
-        assert (number(changes["learn_base_us"]), number(changes["learn_base_grants"])) == (
+        assert (float(changes["learn_base_us"]), float(changes["learn_base_grants"])) == (
             pytest.approx(model.learn_base[0]),
             pytest.approx(model.learn_base[1]),
         )
     # A1: a throttle never raises the rate
-    assert number(changes["learn_target"]) <= before * (1 + 1e-12)
+    assert float(changes["learn_target"]) <= before * (1 + 1e-12)
 
 
 @settings(max_examples=300, deadline=None)
@@ -238,14 +234,14 @@ def test_a_signal_changes_what_the_model_says(
     late_before = model.learn_base_late
     expected_accepted, _, blocked_until, before, _ = model.feedback(NOW, gen, block_us, throttled)
     assert accepted == expected_accepted
-    assert number(rate_before) == pytest.approx(before, rel=1e-9)
+    assert float(rate_before) == pytest.approx(before, rel=1e-9)
     assert_close(changes.get("blocked_until", state["blocked_until"]), blocked_until)
     if accepted and case.config.adaptive:
         assert_close(changes["wmax"], model.wmax)
         assert_close(changes["wstart"], model.wstart)
         assert_close(changes["decreased_at"], NOW)
     if not accepted:
-        late = number(changes.get("learn_base_late", state["learn_base_late"]))
+        late = float(changes.get("learn_base_late", state["learn_base_late"]))
         assert late == model.learn_base_late >= late_before
 
 
@@ -271,9 +267,9 @@ def test_a_refund_gives_back_no_more_than_any_later_headroom(
     for i, window in enumerate(windows, start=1):
         least = min((h for j, h in headrooms if min(j, len(windows)) == i), default=math.inf)
         expected = min(units * window["interval"], least)
-        shift = number(shifts[str(i)] if isinstance(shifts, dict) else shifts[i - 1])
+        shift = float(shifts[str(i)] if isinstance(shifts, dict) else shifts[i - 1])
         assert shift == pytest.approx(expected, rel=1e-12)
         [moved] = call_lua("shifted_window", {"tat": tat, "granted": granted_tat}, shift, granted)
-        assert number(moved["tat"]) == pytest.approx(max(tat - shift, min(tat, 0)), abs=1e-6)
+        assert float(moved["tat"]) == pytest.approx(max(tat - shift, min(tat, 0)), abs=1e-6)
         expected_granted = max(granted_tat - shift, min(granted_tat, 0)) if granted else granted_tat
-        assert number(moved["granted"]) == pytest.approx(expected_granted, abs=1e-6)
+        assert float(moved["granted"]) == pytest.approx(expected_granted, abs=1e-6)
