@@ -9,6 +9,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from ratejobs.infra import wakeups
 from ratejobs.services import callbacks, retention
 from ratejobs.worker import dispatch as dispatching
 from ratejobs.worker import reconcile as reconciling
@@ -19,7 +20,7 @@ from ratejobs.worker.engine import calls_start, heartbeating_owner
 # the window until RATEJOBS_STALE_DISPATCH_SECONDS (minutes), so it is sent again after 1, 2, 4,
 # 8, 8 and 8 s instead. Claims make the second run safe: calls it finds taken are skipped.
 @shared_task(
-    name=dispatching.EXECUTE_CALLS_TASK,
+    name=wakeups.EXECUTE_CALLS_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
     autoretry_for=(OperationalError, InterfaceError),
@@ -38,10 +39,10 @@ def job_callback(job_id: int) -> str:
     return callbacks.job_callback_send(job_id=job_id)
 
 
-@shared_task(name=dispatching.DISPATCH_TASK, acks_late=True)
+@shared_task(name=wakeups.DISPATCH_TASK, acks_late=True)
 def dispatch(api_id: int) -> int:
     result = dispatching.dispatch_api(api_id=api_id, dispatcher=heartbeating_owner())
-    dispatching.schedule_wakeup(api_id, result.next_due)
+    wakeups.schedule_wakeup(api_id, result.next_due)
     return result.dispatched
 
 

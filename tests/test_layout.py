@@ -86,6 +86,20 @@ def test_only_the_tasks_start_the_worker_engine():
     assert users == {"ratejobs.tasks"}
 
 
+def test_the_worker_drives_the_services_and_nothing_below_imports_it():
+    """The worker's machinery calls the services; the services, selectors and infrastructure
+    never call back into it. What they need of the fleet (a dispatch run asked for, a worker's
+    heartbeat read) lives in ratejobs.infra."""
+    graph = imports_of_every_module()
+    below = ("ratejobs.services", "ratejobs.selectors", "ratejobs.infra")
+    upward = {
+        name: sorted(i for i in found if i.startswith("ratejobs.worker"))
+        for name, found in graph.items()
+        if name.startswith(below)
+    }
+    assert {name: found for name, found in upward.items() if found} == {}
+
+
 def test_selectors_never_import_services():
     """Selectors read; services write. What both stand on (the Redis client, each API's limiter
     object, the database's clock) lives in ratejobs.infra, which knows neither."""

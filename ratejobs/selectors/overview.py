@@ -24,11 +24,11 @@ from django.db.models import Value as V
 from django.db.models.functions import Trunc
 
 from ratejobs.infra.clock import database_now
+from ratejobs.infra.heartbeats import owner_is_dead
 from ratejobs.models import Api, Call, Job, JobSecond, ThrottleEvent, WorkerProcess
 from ratejobs.selectors.apis import LimiterReading, api_limiter_readings, api_list
 from ratejobs.selectors.job_chart import blocks_holding_until
 from ratejobs.selectors.jobs import job_eta_seconds, job_list_for_user, job_paces
-from ratejobs.worker.heartbeats import owner_is_dead
 
 # The sparkline and the "last 5 minutes" figures: 30 buckets of 10 s.
 TRAFFIC_SECONDS = 300

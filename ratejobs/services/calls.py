@@ -33,13 +33,13 @@ from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.outcome import Decision
 from ratejobs.execution.request import HttpRequest, build_request, merge_headers
 from ratejobs.infra.clock import database_now
+from ratejobs.infra.heartbeats import owner_is_dead, process_owner, worker_heartbeat
 from ratejobs.infra.limiters import api_limiter
+from ratejobs.infra.wakeups import request_dispatch
 from ratejobs.limiter import Grant, Limiter, LimiterError
 from ratejobs.models import Api, Call, Job, ThrottleEvent
 from ratejobs.services.credentials import KeySecret, key_secrets
 from ratejobs.services.jobs import job_complete_if_done, job_seconds_add
-from ratejobs.worker.dispatch import request_dispatch
-from ratejobs.worker.heartbeats import owner_is_dead, process_owner, worker_heartbeat
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from django.utils import timezone
 from ratejobs.execution.request import merge_headers
 from ratejobs.execution.targets import check_headers, resolve_url, validate_method
 from ratejobs.infra.clock import database_now
+from ratejobs.infra.wakeups import request_dispatch
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import Api, Call, Job, JobSecond
 from ratejobs.permissions import can_submit_to
@@ -32,7 +33,6 @@ from ratejobs.services.credentials import (
     missing_credential_keys,
     missing_keys_error,
 )
-from ratejobs.worker.dispatch import request_dispatch
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import redis
 from celery import current_app
 from django.conf import settings
 from django.db import transaction
@@ -22,20 +21,10 @@ from django.db.models import F, Min, Q, Value
 from django.db.models.functions import Coalesce, NullIf
 
 from ratejobs.infra.clock import database_now
-from ratejobs.infra.connections import redis_client
+from ratejobs.infra.wakeups import EXECUTE_CALLS_TASK
 from ratejobs.models import Api, ApiCredential, Call, Job
-from ratejobs.namespace import redis_key
 
 logger = logging.getLogger(__name__)
-
-# Completions within this long share one dispatch run: the window holds seconds of work, so a
-# quarter second of delay costs nothing and saves a dispatch query per call.
-DISPATCH_DEBOUNCE_SECONDS = 0.25
-# Calls waiting for a later attempt are looked at again at least this often. Countdowns stay
-# short: a Redis broker redelivers a long-delayed task after its visibility timeout.
-MAX_WAKEUP_SECONDS = 5.0
-EXECUTE_CALLS_TASK = "ratejobs.execute_calls"
-DISPATCH_TASK = "ratejobs.dispatch"
 
 
 @dataclass(frozen=True)
@@ -209,38 +198,3 @@ def _send(messages: list[tuple[int, list[int]]]) -> None:
             )
     except Exception:  # broker down: the reconciler re-dispatches what was marked but not sent
         logger.exception("could not send %d call messages to the broker", len(messages))
-
-
-def request_dispatch(api_id: int, *, countdown: float = DISPATCH_DEBOUNCE_SECONDS) -> None:
-    """Ask for a dispatch run of the API within `countdown` seconds; requests within the
-    debounce time share one run."""
-    try:
-        # The requests share the run until it starts: a run asked for at once (a new job's)
-        # must not swallow the requests of calls that finish while it runs, or an API with an
-        # in-flight cap, whose window holds only a few calls, waits for the reconciler.
-        first = redis_client().set(
-            redis_key("dispatch", f"{{{api_id}}}", "pending"),
-            1,
-            nx=True,
-            px=max(1, int(min(countdown, DISPATCH_DEBOUNCE_SECONDS) * 1000)),
-        )
-        if first:
-            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=countdown)
-    except (redis.RedisError, OSError):
-        logger.warning("Redis unreachable: dispatch of API %s left to the reconciler", api_id)
-    except Exception:  # the broker (also Redis by default) refused the message
-        logger.exception("could not request a dispatch of API %s", api_id)
-
-
-def schedule_wakeup(api_id: int, next_due: datetime | None) -> None:
-    """Dispatch again when the earliest waiting call is due (in steps of at most a few s)."""
-    if next_due is None:
-        return
-    delay = min(max((next_due - database_now()).total_seconds(), 0.05), MAX_WAKEUP_SECONDS)
-    try:
-        if redis_client().set(
-            redis_key("dispatch", f"{{{api_id}}}", "wakeup"), 1, nx=True, px=int(delay * 1000)
-        ):
-            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=delay)
-    except Exception:
-        logger.warning("could not schedule a wake-up of API %s; the reconciler will", api_id)

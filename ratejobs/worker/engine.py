@@ -30,6 +30,8 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
 from ratejobs.infra.connections import redis_client
+from ratejobs.infra.heartbeats import process_owner, worker_forget, worker_heartbeat
+from ratejobs.infra.wakeups import request_dispatch
 from ratejobs.namespace import redis_key
 from ratejobs.services.calls import (
     Claimed,
@@ -39,8 +41,6 @@ from ratejobs.services.calls import (
     calls_record_outcomes,
     calls_reserve_slots,
 )
-from ratejobs.worker.dispatch import request_dispatch
-from ratejobs.worker.heartbeats import process_owner, worker_forget, worker_heartbeat
 from ratejobs.worker.pool import CallPool
 from ratejobs.worker.reconcile import calls_recover_orphans, calls_release_claim
 

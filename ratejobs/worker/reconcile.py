@@ -17,6 +17,8 @@ from django.db.models import Q, QuerySet
 
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.connections import connect_redis, redis_client
+from ratejobs.infra.heartbeats import owner_is_dead, workers_forget_long_gone
+from ratejobs.infra.wakeups import request_dispatch, schedule_wakeup
 from ratejobs.models import Call, Job
 from ratejobs.namespace import redis_key
 from ratejobs.services.callbacks import callbacks_requeue
@@ -25,8 +27,7 @@ from ratejobs.services.jobs import (
     job_complete_if_done,
     jobs_cancel_past_deadline,
 )
-from ratejobs.worker.dispatch import dispatch_api, request_dispatch, schedule_wakeup
-from ratejobs.worker.heartbeats import owner_is_dead, workers_forget_long_gone
+from ratejobs.worker.dispatch import dispatch_api
 
 logger = logging.getLogger(__name__)
 
