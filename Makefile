@@ -29,9 +29,11 @@ test: venv
 	$(PY) -m pytest -n 0 -m "$(call test_mark,paced)" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # The inner loop: everything but the tests that start real Celery workers (e2e), the paced
-# ones and the browser tests, in two processes. `make test` still runs everything.
+# ones, those that take seconds of their own (slow) and the browser tests, in two processes.
+# `make test` still runs everything.
 test-fast: venv
-	$(PY) -m pytest -n 2 --dist loadfile -m "not e2e and not paced" --ignore=tests/browser \
+	$(PY) -m pytest -n 2 --dist loadfile -m "not e2e and not paced and not slow" \
+		--ignore=tests/browser \
 		$(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 # Everything on one machine until Ctrl-C: Redis (found or private), the sandbox API, web on

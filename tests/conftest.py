@@ -55,6 +55,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "e2e: starts real Celery workers or beat (given to every test using a fixture of "
         "WORKER_FIXTURES); make test-fast leaves these out",
     )
+    config.addinivalue_line(
+        "markers",
+        "slow: takes seconds of its own (a property search, pytest or a server run as a "
+        "subprocess, a body of many MiB, a wait on the real clock); make test-fast leaves these "
+        "out",
+    )
     _flush_again_after_a_deadlock()
 
 

@@ -16,6 +16,7 @@ from devtools.processes import ci_requires_every_check
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("ci", ["true", ""])
 def test_the_browser_test_without_chromium_fails_under_ci_and_skips_elsewhere(ci: str) -> None:
@@ -70,6 +71,7 @@ def run_inner_pytest(tmp_path: Path, ci: str | None) -> subprocess.CompletedProc
     )  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ci", ["true", "YES"])
 def test_with_ci_a_skip_at_import_or_at_run_fails(tmp_path, ci):
     result = run_inner_pytest(tmp_path, ci)
@@ -80,6 +82,7 @@ def test_with_ci_a_skip_at_import_or_at_run_fails(tmp_path, ci):
     assert "FAILED" in out and "test_skips" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ci", [None, "false"])
 def test_without_ci_skips_stay_skips(tmp_path, ci):
     result = run_inner_pytest(tmp_path, ci)

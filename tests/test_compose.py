@@ -95,6 +95,7 @@ def production_env() -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_every_service_command_exists_in_the_project(compose):
     # given each command with the values of .env.example, expect its program to accept every
     # option it is given: a typo would otherwise show only when the container starts

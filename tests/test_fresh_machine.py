@@ -43,6 +43,7 @@ def test_every_redis_setting_follows_the_private_redis():
 """
 
 
+@pytest.mark.slow
 def test_make_test_starts_a_private_redis_that_every_setting_follows(tmp_path):
     dead = f"redis://127.0.0.1:{devredis.free_port()}/0"
     other_dead = f"redis://127.0.0.1:{devredis.free_port()}/1"

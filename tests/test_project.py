@@ -119,6 +119,7 @@ def test_ensure_falls_back_to_the_wheels_redis_server_without_one_on_path(monkey
     assert_private_server_works(devredis.ensure(dead_url()), devredis.bundled_server_binary())
 
 
+@pytest.mark.slow
 def test_cli_ensure_starts_a_daemon_that_stop_ends(tmp_path):
     run_dir = tmp_path / "run"
     args = ("-m", "devtools.devredis")

@@ -73,6 +73,7 @@ def test_the_limiter_reaches_its_redis_through_sentinel(sentinel, settings):
         connections.redis_client.cache_clear()
 
 
+@pytest.mark.slow
 def test_the_limiter_runs_on_a_cluster_from_the_settings(settings):
     with one_node_cluster() as url:
         settings.REDIS_URL, settings.REDIS_CLUSTER = url, True

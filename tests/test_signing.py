@@ -129,6 +129,7 @@ def _corrupted(header: str, at: int, char: str) -> str:
     return header[:at] + (char if char != header[at] else "\x00") + header[at + 1 :]
 
 
+@pytest.mark.slow
 @hypothesis_settings(max_examples=400, deadline=None, database=None)
 @given(header=MALFORMED)
 @example(header=f"t=²,v1={'0' * 64}")  # isdigit(), then int() raised ValueError

@@ -7,6 +7,7 @@ import json
 import resource
 import time
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -18,6 +19,7 @@ from ratejobs.models import Call, Job
 ROWS = 100_000
 
 
+@pytest.mark.slow
 def test_an_upload_of_100000_rows_is_stored_without_holding_it_in_memory(root_client, api):
     # given a JSONL file of 100,000 calls (about 4 MB)
     data = "".join(
@@ -68,6 +70,7 @@ def insert_calls(job_ids: list[int], per_job: int) -> None:
                 )
 
 
+@pytest.mark.slow
 def test_a_page_of_100_jobs_stays_fast_with_a_million_calls_stored(root_client, make_job):
     # given 100 jobs of 10,000 finished calls each (1,000,000 calls)
     jobs = [make_job(calls=1, name=f"job {i}") for i in range(100)]

@@ -131,6 +131,7 @@ def test_slow_pace_gives_wait_with_the_slot_distance(http_server, session, make_
     assert len(http_server.requests_with(marker)) == 1
 
 
+@pytest.mark.slow
 def test_unreachable_limiter_sends_nothing(http_server, session, marker):
     client = redis.Redis(port=free_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
     limiter = Limiter(client, "unreachable", LimiterConfig(rate=10))

@@ -83,6 +83,7 @@ def test_a_throttle_below_the_last_peak_lowers_the_target_of_the_climb(make_limi
     assert limiter.state().current_rate == pytest.approx(second.rate_before * 0.85, rel=2e-2)
 
 
+@pytest.mark.slow
 def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter, redis_client):
     # given grants taken at the limiter's pace between throttles, spans long enough to measure
     # (lib/adaptive.lua, "Learning the real limit"), every step mirrored by the reference model at
@@ -146,6 +147,7 @@ def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter, r
     assert redis_client.pttl(limiter.state_key) > 23 * 3600 * 1000
 
 
+@pytest.mark.slow
 def test_an_idle_spell_keeps_the_rate_the_learning_stood_at(make_limiter):
     # given an adaptive limiter of 100/s (20 per 0.2 s) climbing back slowly after a throttle
     config = LimiterConfig(rate=20, period=0.2, burst=1, adaptive=True, recovery_seconds=5)

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
 import redis
 from redis.cluster import RedisCluster
 
@@ -44,6 +45,7 @@ def one_node_cluster() -> Iterator[str]:
         server.stop()
 
 
+@pytest.mark.slow
 def test_limiter_works_on_a_cluster_client():
     # given a one-node cluster: any script touching keys of two slots would fail on it
     with one_node_cluster() as url:

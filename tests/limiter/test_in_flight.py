@@ -7,6 +7,8 @@ import signal
 import threading
 import time
 
+import pytest
+
 from ratejobs.limiter import Limiter, LimiterConfig, WaitTooLong
 from tests.limiter.workers import hold_lease_and_die
 
@@ -37,6 +39,7 @@ def test_in_flight_never_exceeds_the_cap(make_limiter, redis_client):
     assert shared.state().in_flight == 0
 
 
+@pytest.mark.slow
 def test_lease_of_a_killed_worker_expires(make_limiter, redis_url, spawn):
     # given a cap of 1 and a worker killed with -9 while holding the only lease (2 s lease)
     limiter = make_limiter(LimiterConfig(rate=100, max_concurrency=1))

@@ -21,6 +21,7 @@ SMALL, LARGE, SMALL_THREADS = 5, 200, 3
 STREAM_SECONDS = 8.0
 
 
+@pytest.mark.slow
 def test_a_burst_sized_call_is_granted_among_a_steady_stream_of_small_ones(make_limiter):
     # given threads taking cost-5 calls as fast as the window refills, each asking again soon
     # after a TOO_LONG (as calls of a busy job come back), so the window stays nearly full

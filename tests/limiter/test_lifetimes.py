@@ -98,6 +98,7 @@ def test_a_lease_a_block_and_a_rate_cut_keep_the_bucket_until_they_end(make_limi
     assert other.state().blocked_until_us > before
 
 
+@pytest.mark.slow
 def test_an_idle_bucket_vanishes_and_comes_back_full_without_handing_back_quota(
     redis_client, unique_name
 ):
@@ -124,6 +125,7 @@ def test_an_idle_bucket_vanishes_and_comes_back_full_without_handing_back_quota(
     limiter.delete()
 
 
+@pytest.mark.slow
 def test_the_refund_history_keeps_no_more_than_its_windows_time(make_limiter, redis_client):
     # given a cost window of one second and a burst of 40 reservations recorded for refunds
     limiter = make_limiter(LimiterConfig(rate=1000.0, burst=100,
@@ -165,6 +167,7 @@ def test_deleting_a_credential_deletes_its_bucket(make_api, django_capture_on_co
     assert api_limiter(api, "kept").state().configured  # the other customer's is untouched
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 @pytest.mark.usefixtures("services_redis")
 def test_an_expired_key_bucket_is_configured_again_from_the_databases_limits(

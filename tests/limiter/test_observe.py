@@ -39,6 +39,7 @@ def test_429_with_retry_after_blocks_for_it_and_counts_as_throttle(make_limiter)
     assert 3.5 < feedback.blocked_for <= 4.0
 
 
+@pytest.mark.slow
 def test_a_403_with_a_throttle_hint_counts_as_a_throttle_as_a_429_does(make_limiter):
     # GitHub's secondary rate limit: a 403 with Retry-After. It used to block without being
     # counted, so neither the throttle count, the metric nor the adaptive rate saw it.

@@ -75,6 +75,7 @@ def test_100_per_second_grants_exactly_10ms_apart(make_limiter):
     assert all(gap == 10_000 for gap in gaps), gaps
 
 
+@pytest.mark.slow
 def test_round_trips_per_request_at_most_three_with_32_waiters(redis_client, make_limiter):
     # given 32 concurrent callers, each with its own Limiter (as 32 processes would have),
     # counting every Redis call from asking for a slot to releasing its lease

@@ -28,6 +28,7 @@ CLOCK_SLACK_S = 0.002
 ACQUIRE_MAX_WAIT_S = 10.0  # longer than any reset the sandbox announces (about 2 s)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dialect", sorted(ADVERTISED))
 def test_spent_quota_headers_keep_every_request_out_of_the_announced_reset(
     dialect, make_limiter, sandbox

@@ -33,6 +33,7 @@ def limiter_keeping(redis_client, unique_name) -> Iterator[Callable[[int], Limit
         redis_client.delete(*limiter.keys)
 
 
+@pytest.mark.slow
 def test_granting_samples_the_rate_at_most_once_per_two_seconds(make_limiter):
     # given 4.3 s of grants, one by one and in batches, at 200/s
     limiter = make_limiter(ADAPTIVE)

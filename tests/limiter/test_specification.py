@@ -364,6 +364,7 @@ def safety_violations(bucket: Bucket) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
     client, clock = frozen_redis.client, frozen_redis.clock
 

@@ -53,6 +53,7 @@ def machine_limiter(redis_client, unique_name):
     redis_client.delete(*limiter.keys)
 
 
+@pytest.mark.slow
 def test_scripts_agree_with_reference_model(machine_limiter):
     class LimiterMachine(RuleBasedStateMachine):
         reservations = Bundle("reservations")

@@ -51,6 +51,7 @@ def test_the_rate_is_per_user(client_for, user, other_user, api, settings):
     assert create(client_for(other_user), api.name).status_code == 201
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_the_rate_holds_across_web_processes(web_server, django_user_model, make_api):

@@ -218,6 +218,7 @@ def _attack_body(api_name: str) -> bytes:
     return head + item * ((ATTACK_BYTES - len(head) - 2) // len(item)) + b"{}]}"
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(300)
 def test_a_60_mib_body_is_a_json_413_with_and_without_content_length_and_costs_no_memory(
@@ -279,6 +280,7 @@ def _empty_arrays_to_another_route(api_name: str, limit: int) -> bytes:
         (_empty_arrays_to_another_route, "/api/apis/", 400),
     ],
 )
+@pytest.mark.slow
 def test_the_worst_bodies_within_the_limit_stay_within_the_memory_bound(
     web_server, token_and_api, settings, make_body, path, expected
 ):

@@ -167,6 +167,7 @@ def stalled_downloads(url: str, headers: dict[str, str]) -> Iterator[None]:
         yield
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(240)
 def test_three_slow_downloads_leave_the_images_web_server_answering(

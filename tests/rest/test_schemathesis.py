@@ -39,6 +39,7 @@ SERVER_ENV = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(RUN_TIMEOUT_SECONDS + 60)
 def test_the_server_does_what_its_schema_says(

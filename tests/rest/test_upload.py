@@ -153,6 +153,7 @@ def test_the_schema_documents_the_upload(client_for):
 UPLOAD_LINES = (2_000, 20_000)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(600)
 def test_lines_are_stored_with_memory_that_does_not_grow_with_them(
@@ -193,6 +194,7 @@ def test_lines_are_stored_with_memory_that_does_not_grow_with_them(
     assert chunked.status == 201, chunked.body[:300]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_a_chunked_upload_over_its_limit_is_413_and_nothing_is_stored(

@@ -60,6 +60,7 @@ def changelist(model: Any) -> str:
     return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
 
 
+@pytest.mark.slow
 def test_every_admin_takes_only_the_lookups_of_its_shown_filters(
     every_record, admin_client_for, staff, superuser, rf
 ):
@@ -104,6 +105,7 @@ def test_the_shown_filters_and_the_admins_own_links_still_work(every_record, adm
         assert client.get(link.replace("&amp;", "&")).status_code == 200, link
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_a_staff_member_cannot_read_a_masked_key_through_lookups(web_server, make_api,  # noqa: F811

@@ -98,6 +98,7 @@ def api_get(server: Server, token: str, address: str | None = None) -> Any:
     return requests.get(f"{server.url}/api/jobs/", headers=headers, timeout=30)
 
 
+@pytest.mark.slow
 def test_eleven_wrong_passwords_lock_the_account_even_against_the_right_one(server_for, account):
     # given: the defaults (10 failures per account, 50 per address, in 15 minutes)
     account("victim")
@@ -120,6 +121,7 @@ def test_eleven_wrong_passwords_lock_the_account_even_against_the_right_one(serv
     assert "guess-" not in log and PASSWORD not in log
 
 
+@pytest.mark.slow
 def test_one_address_trying_many_usernames_is_locked_at_the_address_limit(server_for, account):
     # given: a server behind one proxy (X-Forwarded-For), 4 failures per address
     for name in ("ann", "bob", "bystander"):
@@ -143,6 +145,7 @@ def test_one_address_trying_many_usernames_is_locked_at_the_address_limit(server
     )
 
 
+@pytest.mark.slow
 def test_x_forwarded_for_is_not_trusted_by_default(server_for, account):
     # given: no proxy trusted (the default) and 3 failures per address
     account("bystander")
@@ -157,6 +160,7 @@ def test_x_forwarded_for_is_not_trusted_by_default(server_for, account):
     assert "refused a password for 'bystander' from 127.0.0.1" in server.log.read_text()
 
 
+@pytest.mark.slow
 def test_right_passwords_are_not_failures(server_for, account):
     # given: 2 failures per account; expect: any number of sign-ins, and one typo, lock nothing
     account("busy")
@@ -166,6 +170,7 @@ def test_right_passwords_are_not_failures(server_for, account):
     assert signed_in(sign_in(server, "busy", PASSWORD))
 
 
+@pytest.mark.slow
 def test_bad_tokens_from_an_address_are_429_with_retry_after(server_for, account):
     # given: a server behind one proxy, 3 failures per address; a user with a token
     person = account("apiuser")
@@ -196,6 +201,7 @@ def test_bad_tokens_from_an_address_are_429_with_retry_after(server_for, account
     assert good not in log and f"{1:040x}" not in log
 
 
+@pytest.mark.slow
 def test_with_the_cache_down_signing_in_works_uncounted(server_for, account):
     # given: the server's cache on a port nobody listens on (its Redis restarting), 1 failure
     # per account and per address

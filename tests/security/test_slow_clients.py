@@ -321,6 +321,7 @@ def large_job(make_job: Callable[..., Job]) -> Job:
     return job
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_ten_slow_clients_leave_healthz_answering_through_nginx(
     compose_web, start_nginx, large_job, user
@@ -351,6 +352,7 @@ def test_ten_slow_clients_leave_healthz_answering_through_nginx(
     assert all(t.lines_sent >= PROBE_SECONDS / TRICKLE_INTERVAL - 1 for t in tricklers)
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_same_slow_clients_and_a_few_more_stall_gunicorn_alone(compose_web, large_job, user):
     # What this shows: why nginx is in front (compose published gunicorn's port before). gthread

@@ -27,6 +27,7 @@ def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(300)
 def test_an_upload_of_a_million_unreadable_lines_is_read_only_to_the_error_budget(

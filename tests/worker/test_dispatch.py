@@ -81,6 +81,7 @@ def calls_in_broker(broker: redis.Redis) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_a_large_job_never_puts_more_than_the_window_in_the_broker(broker, owner, unique_name):
     # given a job of 20,000 calls on an API at 50/s (a window of 100 messages) and no workers
     api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=50)
