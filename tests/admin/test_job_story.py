@@ -15,7 +15,6 @@ from django.utils import timezone
 
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Job, JobSecond, ThrottleEvent
-from ratejobs.selectors.job_chart import job_block_notice
 from ratejobs.selectors.jobs import job_filter_by_outcome, job_outcome
 from ratejobs.services.apis import api_block
 
@@ -256,27 +255,6 @@ def test_the_poll_that_finds_a_block_begun_ended_or_replaced_brings_the_chart_wi
     shown = data["blocked"]["key"]
     time.sleep(data["blocked"]["for_seconds"] + 0.1)
     assert "chart" in progress(root_client, job, shown_block=shown)
-
-
-def test_a_block_by_a_429_names_its_retry_after_and_call(make_job):
-    job = set_counts(make_job(calls=20), status="running", started=timezone.now())
-    call = job.calls.get(index=17)
-    api_limiter(job.api).block(5)
-    ThrottleEvent.objects.create(
-        api=job.api, job=job, call=call, kind="throttled", status_code=429, retry_after=5.0
-    )
-    assert job_block_notice(job).reason == "Retry-After 5.0 s from a 429 on call 17"
-
-
-def test_the_banner_names_the_block_that_holds_the_api_not_a_shorter_one_since(make_job):
-    job = set_counts(make_job(calls=20), status="running", started=timezone.now())
-    api_block(api=job.api, seconds=30)
-    # a 429 during the operator's block pauses the API for a second, ending long before it
-    ThrottleEvent.objects.create(
-        api=job.api, job=job, call=job.calls.get(index=5), kind="throttled", status_code=429,
-        retry_after=1.0,
-    )  # fmt: skip
-    assert job_block_notice(job).reason == "manual block by an operator"
 
 
 def test_without_redis_the_page_has_no_banner_and_still_works(root_client, make_job, redis_down):

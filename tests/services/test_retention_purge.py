@@ -23,7 +23,11 @@ from ratejobs.services.retention import (
     retention_run,
 )
 
-pytestmark = pytest.mark.django_db
+# The services' Redis (the purge request's debounce) and the REST throttle are the test's.
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.usefixtures("services_redis", "throttles_in_the_test_redis"),
+]
 
 
 def _rows_of(job: Job) -> tuple[int, int, int, int]:

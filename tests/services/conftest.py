@@ -1,5 +1,5 @@
 """Finished jobs as workers leave them (calls with stored responses, throttle events, counts
-per second), aged by moving their times back; the services and routes run for real."""
+per second), aged by moving their times back, for the retention and purge tests."""
 
 from __future__ import annotations
 
@@ -13,13 +13,6 @@ from django.utils import timezone
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
 
 BODY = b'{"ok": true}'
-
-
-@pytest.fixture(autouse=True)
-def _every_retention_test_uses_the_test_redis(
-    services_redis: None, throttles_in_the_test_redis: None
-) -> None:
-    """The services' Redis (the purge request's debounce) and the REST throttle are the test's."""
 
 
 @pytest.fixture

@@ -17,9 +17,13 @@ from ratejobs.services.retention import (
     call_bodies_remove_old,
     throttle_events_remove_old,
 )
-from tests.retention.conftest import BODY
+from tests.services.conftest import BODY
 
-pytestmark = pytest.mark.django_db
+# The services' Redis (the purge request's debounce) and the REST throttle are the test's.
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.usefixtures("services_redis", "throttles_in_the_test_redis"),
+]
 
 
 def _events_aged(api, ages_in_days: list[float]) -> list[int]:

@@ -19,7 +19,7 @@ from ratejobs.services.calls import (
     calls_claim,
 )
 from ratejobs.services.jobs import job_create
-from tests.jobs.test_calls import broker  # noqa: F401 (fixture)
+from tests.services.test_calls import broker  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
