@@ -3,14 +3,14 @@ the response (no Django, no Celery)."""
 
 from __future__ import annotations
 
-from ratejobs.execution.backoff import backoff_ceiling, full_jitter
-from ratejobs.execution.connections import session_for_process
-from ratejobs.execution.execute import (
+from ratejobs.execution.attempt import (
     ExecutionPolicy,
     Outcome,
     OutcomeKind,
     attempt_call,
 )
+from ratejobs.execution.backoff import backoff_ceiling, full_jitter
+from ratejobs.execution.connections import session_for_process
 from ratejobs.execution.http import HttpResult, send
 from ratejobs.execution.outcome import Decision, DecisionKind, classify
 from ratejobs.execution.request import HttpRequest, build_request

@@ -22,13 +22,13 @@ from django.db.models import F, Q, Subquery
 from django.db.models.functions import Coalesce
 
 from ratejobs.crypto import CredentialError, resolve_credential
-from ratejobs.execution.connections import session_for_process
-from ratejobs.execution.execute import (
+from ratejobs.execution.attempt import (
     ExecutionPolicy,
     Outcome,
     attempt_call,
     outcome_without_response,
 )
+from ratejobs.execution.connections import session_for_process
 from ratejobs.execution.outbound import policy_for
 from ratejobs.execution.outcome import Decision
 from ratejobs.execution.request import HttpRequest, build_request, merge_headers

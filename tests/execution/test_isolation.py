@@ -9,7 +9,7 @@ import sys
 def test_execution_imports_neither_django_nor_celery():
     code = (
         "import sys, ratejobs.execution; "
-        "import ratejobs.execution.execute, ratejobs.execution.http, "
+        "import ratejobs.execution.attempt, ratejobs.execution.http, "
         "ratejobs.execution.connections, ratejobs.execution.errors, ratejobs.execution.watchdog; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'celery')); "
         "print(bad); sys.exit(1 if bad else 0)"

@@ -11,8 +11,8 @@ import redis
 import requests
 
 from ratejobs.execution import ExecutionPolicy, HttpRequest, attempt_call
+from ratejobs.execution.attempt import LIMITER_UNAVAILABLE_RETRY_SECONDS
 from ratejobs.execution.connections import new_session
-from ratejobs.execution.execute import LIMITER_UNAVAILABLE_RETRY_SECONDS
 from ratejobs.limiter import Limiter, LimiterConfig
 from tests.realhttp import LOOPBACK, free_port
 
