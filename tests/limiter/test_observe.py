@@ -41,8 +41,8 @@ def test_429_with_retry_after_blocks_for_it_and_counts_as_throttle(make_limiter)
 
 @pytest.mark.slow
 def test_a_403_with_a_throttle_hint_counts_as_a_throttle_as_a_429_does(make_limiter):
-    # GitHub's secondary rate limit: a 403 with Retry-After. It used to block without being
-    # counted, so neither the throttle count, the metric nor the adaptive rate saw it.
+    # GitHub's secondary rate limit: a 403 with Retry-After. Blocking alone is not enough: the
+    # throttle count, the metric and the adaptive rate must all see it.
     limiter = make_limiter(LimiterConfig(rate=100, adaptive=True))
     feedback = limiter.observe(limiter.acquire(), 403, {"Retry-After": "2"})
     assert feedback.accepted and feedback.rate_decreased

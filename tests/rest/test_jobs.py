@@ -472,8 +472,8 @@ def test_a_calls_header_replaces_the_apis_default_of_the_same_name_whatever_its_
     api = make_api(default_headers={"Accept": "application/json", "X-Team": "data"})
     calls = [{"method": "GET", "path": "/report", "headers": {"accept": "text/csv"}}]
     response = api_client.post("/api/jobs/", job_payload(api.name, calls), format="json")
-    # expect: accepted, and sent with the call's value once (both used to go, and every call
-    # of the job failed at run time with "header given twice")
+    # expect: accepted, and sent with the call's value once (sent with both, every call of the
+    # job would fail at run time with "header given twice")
     assert response.status_code == 201, response.json()
     call = Job.objects.get(pk=response.json()["id"]).calls.get()
     headers = call_request(call, api, None).headers
