@@ -60,7 +60,8 @@ bench-limiter: venv
 bench-adaptive: venv
 	$(PY) -m bench.adaptive
 
-# ratejobs end to end against the sandbox with no limit, next to bare Celery (a few minutes).
+# ratejobs end to end against the sandbox with no limit: a plain API, one with an in-flight cap
+# of 16 and one with a token window, next to bare Celery (a few minutes).
 bench-jobs: venv
 	$(PY) -m bench.jobs
 

@@ -1,16 +1,17 @@
 """End-to-end ceiling of ratejobs against a sandbox with no limit, next to a bare Celery
 baseline run by the same worker in the same run; prints one markdown table.
 
-    python -m bench.jobs [--calls N] [--workers C] [--quick]
+    python -m bench.jobs [--calls N] [--workers C] [--quick] [--only plain|cap|cost|bare]
 
-One `celery -A project worker -c C` (prefork) runs both: first a ratejobs job of N GET calls
+One `celery -A project worker -c C` (prefork) runs every row: ratejobs jobs of N GET calls each
 (job_create, the dispatcher's bounded window, attempt_call through the shared limiter, the
-result recorded on the call), then N `.delay()`ed bare tasks (bench/bare_tasks.py: one GET with
-requests, one row UPDATE). Everything is bench-only and removed at the end: a SQLite file in a
-temporary directory (or, when DATABASE_URL is set, a database named after it with `_bench`
-appended on the same server), Redis database 15 of the server at REDIS_URL (or a private
-redis-server when nothing answers there), the sandbox and the worker. Progress goes to stderr,
-the table to stdout.
+result recorded on the call) on a plain API, on one with an in-flight cap of 16, and on one
+with a window of tokens whose every call settles its real cost; then N `.delay()`ed bare tasks
+(bench/bare_tasks.py: one GET with requests, one row UPDATE). Everything is bench-only and
+removed at the end: a SQLite file in a temporary directory (or, when DATABASE_URL is set, a
+database named after it with `_bench` appended on the same server), Redis database 15 of the
+server at REDIS_URL (or a private redis-server when nothing answers there), the sandbox and the
+worker. Progress goes to stderr, the table to stdout.
 """
 
 from __future__ import annotations
@@ -62,6 +63,17 @@ WORKER_STOP_TIMEOUT = 20.0
 # for a slot and the run measures the machinery alone. The sandbox enforces nothing either.
 API_RATE = 1_000_000.0
 API_BURST = 1000
+# An in-flight cap as APIs with concurrency limits set it (most LLM APIs): with the sandbox
+# answering in about a millisecond, 16 places carry thousands of calls a second if a place is
+# held only while its request is out.
+IN_FLIGHT_CAP = 16
+# A window of tokens, as an LLM API's is configured, at the largest rate and burst an API
+# takes: 10,000 calls/s of TOKENS_ESTIMATE, above what the run sends, so it never binds. Each
+# call is estimated at TOKENS_ESTIMATE and the sandbox reports TOKENS_USED, so every call
+# settles the difference, as calls to a real LLM API do.
+TOKENS_ESTIMATE = 100
+TOKENS_USED = 80
+TOKEN_WINDOW = {"rate": 1_000_000, "period": 1, "burst": 1_000_000, "unit": "cost"}
 PERCENTILES = (0.50, 0.99)
 # Worker log lines worth a look: Celery's "[time: LEVEL/process]" prefix, and SQLite giving up.
 LOG_LEVEL = re.compile(r": (WARNING|ERROR|CRITICAL)/")
@@ -174,6 +186,29 @@ class PeakSampler:
         self._thread.join()
 
 
+@dataclass(frozen=True)
+class Variant:
+    """One ratejobs row: what its API adds to the plain one, and what its calls carry."""
+
+    label: str
+    api_fields: dict[str, Any]
+    call_fields: dict[str, Any]
+
+
+PLAIN = Variant("ratejobs", {}, {})
+VARIANTS = {
+    "plain": PLAIN,
+    "cap": Variant(
+        f"ratejobs, in-flight cap {IN_FLIGHT_CAP}", {"max_concurrency": IN_FLIGHT_CAP}, {}
+    ),
+    "cost": Variant(
+        f"ratejobs, token window (cost {TOKENS_ESTIMATE} estimated, {TOKENS_USED} used)",
+        {"limits": [TOKEN_WINDOW], "cost_header": "X-Tokens-Used"},
+        {"query": {"tokens": TOKENS_USED}, "cost": TOKENS_ESTIMATE},
+    ),
+}
+
+
 @dataclass
 class Context:
     calls: int
@@ -184,7 +219,7 @@ class Context:
     owner: Any
 
 
-def run_ratejobs(ctx: Context) -> Row:
+def run_ratejobs(ctx: Context, variant: Variant = PLAIN) -> Row:
     """A job of N GETs through ratejobs, timed from job_create to the job's `finished`."""
     from ratejobs.models import Call, Job
     from ratejobs.selectors.apis import api_limiter_state
@@ -198,13 +233,15 @@ def run_ratejobs(ctx: Context) -> Row:
         rate=API_RATE,
         period=1.0,
         burst=API_BURST,
-        max_concurrency=0,
+        **{"max_concurrency": 0, **variant.api_fields},
     )
-    specs = [{"method": "GET", "path": f"/bench/{i}"} for i in range(ctx.calls)]
+    specs = [
+        {"method": "GET", "path": f"/bench/{i}", **variant.call_fields} for i in range(ctx.calls)
+    ]
     ctx.sandbox.reset()
     log_start, cpu_start = ctx.worker.log_size(), ctx.worker.cpu_seconds()
     scripts_start = limiter_round_trips(ctx.redis)
-    _progress(f"ratejobs: job of {ctx.calls:,} calls, {ctx.workers} worker processes")
+    _progress(f"{variant.label}: job of {ctx.calls:,} calls, {ctx.workers} worker processes")
     with PeakSampler(ctx.redis) as sampler:
         started = time.time()
         job = job_create(owner=ctx.owner, api=api, name="bench-jobs", calls=specs)
@@ -235,8 +272,13 @@ def run_ratejobs(ctx: Context) -> Row:
         f"dispatch window {dispatch_window(api)}",
         _log_note(ctx.worker, log_start),
     ]
+    if variant.call_fields.get("cost"):
+        used = calls.filter(cost_used=TOKENS_USED).count()
+        notes.insert(4, f"{used:,} calls recorded {TOKENS_USED} tokens used")
     arrivals = stats["arrivals"]
-    return Row("ratejobs", ctx.calls, ctx.workers, wall, sampler.peak, arrivals, "; ".join(notes))
+    return Row(
+        variant.label, ctx.calls, ctx.workers, wall, sampler.peak, arrivals, "; ".join(notes)
+    )
 
 
 def bare_rows(owner: Any, base_url: str, calls: int) -> tuple[list[int], Any]:
@@ -452,7 +494,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--workers", type=int, default=DEFAULT_WORKERS, help="worker processes (-c of one worker)"
     )
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_CALLS:,} calls")
+    parser.add_argument(
+        "--only",
+        choices=[*VARIANTS, "bare"],
+        action="append",
+        help="run only these rows (repeatable); default: every ratejobs row, then bare Celery",
+    )
     args = parser.parse_args(argv)
+    args.only = args.only or [*VARIANTS, "bare"]
     args.calls = args.calls or (QUICK_CALLS if args.quick else DEFAULT_CALLS)
     if args.calls < 1 or args.workers < 1:
         parser.error("--calls and --workers must be positive")
@@ -539,7 +588,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker = Worker(setup.env, args.workers, setup.tmp / "worker.log")
         cleanup.callback(worker.stop)
         ctx = Context(args.calls, args.workers, worker, sandbox, setup.redis, setup.owner)
-        rows = [run_ratejobs(ctx), run_bare(ctx)]
+        rows = [run_ratejobs(ctx, VARIANTS[name]) for name in VARIANTS if name in args.only]
+        if "bare" in args.only:
+            rows.append(run_bare(ctx))
         about = (
             f"One `celery -A project worker -c {args.workers} -P prefork` ran both, one after the "
             'other; sandbox `no_limit=True, headers="none"` in its own process; ' + setup.about
