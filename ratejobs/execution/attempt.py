@@ -112,8 +112,9 @@ class Outcome:
     attempts: int
     throttled_retries: int
     limiter_error: str = ""  # the response could not be fed back (or the lease returned)
-    # The lease, when the caller asked to return it itself (return_lease=False); None once
-    # returned, or when nothing was granted.
+    # The lease, when the caller asked to return it itself (return_lease=False), and with it
+    # the settle of cost_used (release_many's settles); None once returned, or when nothing
+    # was granted.
     lease: Grant | None = None
     # What the response said the call cost (cost_header / cost_json_field); None: not said.
     cost_used: int | None = None
@@ -168,7 +169,9 @@ def attempt_call(
     trip when its time has come) instead of acquiring one.
     `cost` is what the call is expected to cost in the limiter's cost windows (reserved slots
     carry the cost they were reserved with); when the response reports another (the policy's
-    cost_header or cost_json_field), the limiter is settled to it and Outcome.cost_used says it.
+    cost_header or cost_json_field), Outcome.cost_used says it and the limiter is settled to it
+    as the lease goes back: here, or by the caller that returns the lease (release_many's
+    settles, one round trip for a batch).
     With `keep_place`, a slot beyond max_wait is reserved all the same when the limiter keeps
     the place (a large cost would otherwise wait for ever behind smaller ones): kind "wait",
     the reservation in Outcome.place, retry_after max_wait before its slot. A cost (or weight)
@@ -302,17 +305,13 @@ def _attempt(
             except LimiterError as exc:
                 limiter_error = f"response not fed back to the limiter: {exc}"
                 logger.warning("%s (%s)", limiter_error, redact_url(request.url))
-            cost_used, settle_error = _settle_cost(limiter, grant, result, policy)
-            limiter_error = limiter_error or settle_error
+            cost_used = _cost_used(result, policy)
         handed_back = not return_lease
     finally:
-        # after an error the lease goes back here, whatever the caller asked
+        # after an error the lease goes back here, whatever the caller asked; the real cost is
+        # settled in the same round trip (or by the caller, with the lease it returns)
         if not handed_back:
-            try:
-                limiter.release(grant)
-            except LimiterError as exc:  # the lease expires by itself after lease_seconds
-                limiter_error = limiter_error or f"lease not returned: {exc}"
-                logger.warning("limiter %r: lease not returned: %s", limiter.name, exc)
+            limiter_error = _return_lease(limiter, grant, cost_used) or limiter_error
 
     decision = classify(
         result,
@@ -349,26 +348,27 @@ def _attempt(
     )
 
 
-def _settle_cost(
-    limiter: Limiter, grant: Grant, result: HttpResult, policy: ExecutionPolicy
-) -> tuple[int | None, str]:
-    """Read what the response says the call cost and charge (or refund) the difference from
-    what its slot took; returns the cost read and an error to record. A failed settle is
-    logged, never the end of the result: the next grants run on the estimate instead."""
+def _cost_used(result: HttpResult, policy: ExecutionPolicy) -> int | None:
+    """What the response says the call cost (the policy's cost_header or cost_json_field)."""
     if not (policy.cost_header or policy.cost_json_field):
-        return None, ""
-    used = cost_from_response(
+        return None
+    return cost_from_response(
         result.headers, result.body, header=policy.cost_header, json_field=policy.cost_json_field
     )
-    if used is None or used == grant.cost:
-        return used, ""
+
+
+def _return_lease(limiter: Limiter, grant: Grant, cost_used: int | None) -> str:
+    """Return the grant's lease and settle its real cost in one round trip; the error to
+    record, if any. A lease not returned expires by itself after lease_seconds; a cost not
+    settled leaves the next grants on the estimate."""
+    settles = [] if cost_used is None else [(grant, cost_used)]
     try:
-        limiter.settle(grant, used)
+        limiter.release_many([grant], settles=settles)
     except (LimiterError, ValueError) as exc:
-        error = f"actual cost {used} not settled with the limiter: {exc}"
-        logger.warning("limiter %r: %s", limiter.name, error)
-        return used, error
-    return used, ""
+        settled = f" and actual cost {cost_used} not settled" if settles else ""
+        logger.warning("limiter %r: lease not returned%s: %s", limiter.name, settled, exc)
+        return f"lease not returned{settled}: {exc}"
+    return ""
 
 
 def outcome_without_response(

@@ -89,8 +89,10 @@ class AsyncLimiter(LimiterBase):
             await self._release_quietly(grant.lease_id)
             raise
 
-    async def release_many(self, grants: Iterable[Grant]) -> int:
-        return await self._run(self._release_many_steps(grants))
+    async def release_many(
+        self, grants: Iterable[Grant], settles: Iterable[tuple[Grant, int]] = ()
+    ) -> int:
+        return await self._run(self._release_many_steps(grants, settles))
 
     @asynccontextmanager
     async def slot(

@@ -559,17 +559,26 @@ class LimiterBase:
 
     def _release_steps(self, lease_id: str) -> Steps:
         reply = yield RunScript(
-            "release", [self.config_key, self.leases_key, self.released_key], [lease_id]
+            "release", [self.config_key, self.leases_key, self.released_key], ["", lease_id]
         )
         return bool(int(reply[0]))
 
-    def _release_many_steps(self, grants: Iterable[Grant]) -> Steps:
+    def _release_many_steps(
+        self, grants: Iterable[Grant], settles: Iterable[tuple[Grant, int]] = ()
+    ) -> Steps:
         lease_ids = [grant.lease_id for grant in grants]
-        if not lease_ids:
+        corrections = [
+            (delta, grant.cost_seq)
+            for grant, cost in settles
+            if (delta := self._cost_correction(grant, cost))
+        ]
+        if not lease_ids and not corrections:
             return 0
-        reply = yield RunScript(
-            "release", [self.config_key, self.leases_key, self.released_key], lease_ids
-        )
+        keys = [self.config_key, self.leases_key, self.released_key]
+        if corrections:
+            keys += [self.state_key, self.heads_key]
+        settled = ",".join(f"{delta}:{seq}" for delta, seq in corrections)
+        reply = yield RunScript("release", keys, [settled, *lease_ids])
         return int(reply[0])
 
     def _feedback_steps(self, generation: int, block_seconds: float, throttled: bool) -> Steps:
@@ -667,12 +676,19 @@ class LimiterBase:
         if redis_us > 0:  # a NOT_CONFIGURED reply carries no time
             self._clock_reading = ClockReading(redis_us, received)
 
-    def _settle_steps(self, grant: Grant, cost: int) -> Steps:
-        """Charge (or give back) the difference between `grant`'s cost and the real one."""
+    def _cost_correction(self, grant: Grant, cost: int) -> int:
+        """What settling `grant` at its real `cost` charges (above 0) or gives back (below 0):
+        0 when it is what the grant took, or when the limiter has no cost window."""
         if not isinstance(cost, int) or isinstance(cost, bool) or cost < 0:
             raise ValueError("cost must be a whole number >= 0")
-        delta = cost - grant.cost
-        if delta == 0 or (self.config is not None and self.config.max_cost is None):
+        if self.config is not None and self.config.max_cost is None:
+            return 0
+        return cost - grant.cost
+
+    def _settle_steps(self, grant: Grant, cost: int) -> Steps:
+        """Charge (or give back) the difference between `grant`'s cost and the real one."""
+        delta = self._cost_correction(grant, cost)
+        if delta == 0:
             return False
         reply = yield RunScript(
             "settle", [self.config_key, self.state_key, self.heads_key], [delta, grant.cost_seq]

@@ -113,9 +113,12 @@ class Limiter(LimiterBase):
             self._release_quietly(grant.lease_id)
             raise
 
-    def release_many(self, grants: Iterable[Grant]) -> int:
-        """Give back several leases in one round trip; returns how many were still held."""
-        return self._run(self._release_many_steps(grants))
+    def release_many(
+        self, grants: Iterable[Grant], settles: Iterable[tuple[Grant, int]] = ()
+    ) -> int:
+        """Give back several leases in one round trip; returns how many were still held.
+        `settles` pairs grants with their real cost, settled (see settle) in the same trip."""
+        return self._run(self._release_many_steps(grants, settles))
 
     @contextmanager
     def slot(

@@ -441,23 +441,30 @@ def _update_calls(names: tuple[str, ...], rows: list[dict]) -> None:
 
 def _return_leases(finished: list[Finished], *, kept: set[str]) -> None:
     """Return the leases the attempts handed back, and those of places not kept (`kept`: the
-    lease ids of the places written to their calls), one round trip per limiter (an API's own,
-    or a credential key's bucket); a lease not returned expires by itself."""
+    lease ids of the places written to their calls), and settle the real cost the handed-back
+    ones reported, one round trip per limiter (an API's own, or a credential key's bucket); a
+    lease not returned expires by itself, a cost not settled leaves the estimate."""
     by_limiter: dict[str, list] = defaultdict(list)
+    settles: dict[str, list] = defaultdict(list)
     limiters: dict[str, Limiter] = {}
     for item in finished:
-        place = item.outcome.place
+        outcome, limiter = item.outcome, item.claimed.context.limiter
+        place = outcome.place
         dropped = place if place is not None and place.lease_id not in kept else None
-        for lease in (item.outcome.lease, dropped):
+        for lease in (outcome.lease, dropped):
             if lease is not None:
-                limiter = item.claimed.context.limiter
                 limiters[limiter.name] = limiter
                 by_limiter[limiter.name].append(lease)
+        if outcome.lease is not None and outcome.cost_used is not None:
+            settles[limiter.name].append((outcome.lease, outcome.cost_used))
     for name, leases in by_limiter.items():
         try:
-            limiters[name].release_many(leases)
-        except LimiterError as exc:
-            logger.warning("limiter %r: %d leases not returned: %s", name, len(leases), exc)
+            limiters[name].release_many(leases, settles=settles[name])
+        except (LimiterError, ValueError) as exc:
+            logger.warning(
+                "limiter %r: %d leases not returned, %d costs not settled: %s",
+                name, len(leases), len(settles[name]), exc,
+            )  # fmt: skip
 
 
 def _outcome_fields(outcome: Outcome, kind: str, now, limiter_name: str) -> dict:

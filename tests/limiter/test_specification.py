@@ -637,9 +637,11 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             index=st.integers(0, 5),
             which=st.integers(0, 50),
             real=st.sampled_from(["none", "half", "same", "more"]),
+            with_lease=st.booleans(),
         )
-        def settle(self, index: int, which: int, real: str) -> None:
-            """S1, S2: the real cost is known after the response."""
+        def settle(self, index: int, which: int, real: str, with_lease: bool) -> None:
+            """S1, S2: the real cost is known after the response; settled alone, or as the
+            grant's lease goes back (release_many's settles)."""
             bucket = self.bucket(index)
             unsettled = [g for g in bucket.grants if g.real is None]
             if not unsettled:
@@ -648,7 +650,16 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             cost = {"none": 0, "half": logged.cost // 2, "same": logged.cost}.get(
                 real, logged.cost + 5
             )
-            self.call(bucket, lambda now: bucket.limiter.settle(logged.grant, cost))
+            grant = logged.grant
+            if with_lease:
+                self.call(
+                    bucket,
+                    lambda now: bucket.limiter.release_many([grant], settles=[(grant, cost)]),
+                )
+                bucket.leases.pop(grant.lease_id, None)
+                bucket.stepped_over.pop(grant.lease_id, None)
+            else:
+                self.call(bucket, lambda now: bucket.limiter.settle(grant, cost))
             logged.real = cost
 
         @rule(

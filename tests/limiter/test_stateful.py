@@ -150,7 +150,7 @@ def test_scripts_agree_with_reference_model(machine_limiter):
                 return
             released, _ = self.limiter._scripts["release"](
                 keys=[self.limiter.config_key, self.limiter.leases_key, self.limiter.released_key],
-                args=ids,
+                args=["", *ids],
             )
             assert released == self.model.release_many(list(dict.fromkeys(ids)))
 
@@ -188,7 +188,7 @@ def test_scripts_agree_with_reference_model(machine_limiter):
             lease = reservation[0]
             released, _ = self.limiter._scripts["release"](
                 keys=[self.limiter.config_key, self.limiter.leases_key, self.limiter.released_key],
-                args=[lease],
+                args=["", lease],
             )
             assert bool(released) == self.model.release(lease)
 

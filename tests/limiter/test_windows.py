@@ -131,6 +131,32 @@ def test_settle_charges_and_refunds_the_difference(make_limiter):
     assert limiter.round_trips == trips
 
 
+def test_release_many_settles_a_batch_in_its_one_round_trip_as_settle_would(
+    make_limiter, unique_name
+):
+    # given two limiters alike, each with three grants whose real costs differ from their
+    # estimates (over, under, the same)
+    config = LimiterConfig(rate=1000.0, burst=10, windows=(Window(100.0, 10.0, 100, "cost"),))
+    one_by_one = make_limiter(config, name=f"{unique_name}-1")
+    batched = make_limiter(config, name=f"{unique_name}-2")
+    estimates, real = (10, 20, 30), (25, 5, 30)
+    singly = [one_by_one.acquire(cost=cost) for cost in estimates]
+    together = [batched.acquire(cost=cost) for cost in estimates]
+    # when one settles each grant and then returns the leases, the other returns the leases
+    # with their settles
+    for grant, cost in zip(singly, real, strict=True):
+        one_by_one.settle(grant, cost)
+    one_by_one.release_many(singly)
+    trips = batched.round_trips
+    released = batched.release_many(together, settles=zip(together, real, strict=True))
+    # expect: one round trip, every lease back, and the window as the single settles left it
+    assert batched.round_trips - trips == 1
+    assert released == 3 and batched.state().in_flight == 0
+    (left,), (expected,) = batched.state().windows, one_by_one.state().windows
+    assert left.remaining == pytest.approx(expected.remaining, abs=1)
+    assert left.remaining == pytest.approx(100 - sum(real), abs=1)
+
+
 def test_a_call_costlier_than_a_cost_window_is_refused(make_limiter):
     limiter = make_limiter(LimiterConfig(rate=10.0, windows=(Window(100.0, 60.0, 100, "cost"),)))
     with pytest.raises(ValueError, match="exceeds"):

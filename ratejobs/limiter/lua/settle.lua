@@ -15,7 +15,7 @@ its real cost would be behind ours now: no more than the headroom of any reserva
 since the grant (lib/refunds.lua), nothing when that history is gone, and never past
 a full window. So giving back never lets more through than the burst, whatever was reserved
 meanwhile. Both the reserved and the granted schedule move, so the next generation keeps the
-correction.
+correction. release.lua does the same for a batch, with its leases' return.
 
 Returns {code, now_us}: code 0 done, 4 NOT_CONFIGURED (nothing changed: a limiter whose state
 was lost has nothing to correct).
@@ -25,22 +25,10 @@ local cfg = load_config(KEYS[1])
 if not cfg then
   return {4, 0}
 end
-local delta = tonumber(ARGV[1])
-local seq = tonumber(ARGV[2])
 local now = now_us()
 local st = load_state(KEYS[2], now)
 load_windows(KEYS[2], cfg, st, now)
-
-for i, win in ipairs(cfg.windows) do
-  if win.cost and delta > 0 then
-    local w = st.w[i]
-    w.tat = math.max(w.tat, 0) + delta * win.interval
-    w.granted = math.max(w.granted, 0) + delta * win.interval
-  end
-end
-if delta < 0 then
-  give_back(KEYS[3], cfg, st, seq, -delta, true)
-end
+settle_cost(KEYS[3], cfg, st, tonumber(ARGV[1]), tonumber(ARGV[2]))
 store_windows(KEYS[2], st, now)
 renew_bucket({KEYS[1], KEYS[2]}, cfg, st, now, 0, KEYS[3])
 return {0, now}

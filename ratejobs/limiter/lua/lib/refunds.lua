@@ -86,3 +86,22 @@ local function give_back(heads_key, cfg, st, seq, units, granted)
     end
   end
 end
+
+-- Correct what a granted request took from the cost windows once its real cost is known:
+-- `delta` (real minus granted) above 0 moves each cost window's schedule later by it, as if
+-- granted with the rest; below 0 gives it back from the grant's reservation `seq` within
+-- give_back's bound. Both schedules move, so the next generation keeps the correction
+-- (settle.lua, and release.lua for a batch's settles). Changes st.w; the caller stores it.
+local function settle_cost(heads_key, cfg, st, delta, seq)
+  if delta > 0 then
+    for i, win in ipairs(cfg.windows) do
+      if win.cost then
+        local w = st.w[i]
+        w.tat = math.max(w.tat, 0) + delta * win.interval
+        w.granted = math.max(w.granted, 0) + delta * win.interval
+      end
+    end
+  elseif delta < 0 then
+    give_back(heads_key, cfg, st, seq, -delta, true)
+  end
+end
