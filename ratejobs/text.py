@@ -86,10 +86,11 @@ def window_text(state: WindowState) -> str:
 
 
 def in_flight_text(state: LimiterState) -> str:
-    """Calls on the wire against the cap: "3 of 10", "3 (no cap)"."""
+    """Calls on the wire against the cap: "3 of 10"; without a cap no lease is taken, so
+    nothing is counted (docs/limiter.md, L1)."""
     if state.max_concurrency:
         return f"{state.in_flight} of {state.max_concurrency}"
-    return f"{state.in_flight} (no cap)"
+    return "not counted (no cap)"
 
 
 def throttle_event_text(event: ThrottleEvent, *, period: float) -> str:

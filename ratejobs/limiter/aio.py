@@ -48,9 +48,7 @@ class AsyncLimiter(LimiterBase):
         lease_id = new_lease_id()
         try:
             return await self._run(
-                self._acquire_steps(
-                    lease_id, weight, max_wait, lease_seconds, cost=cost, keep_place=keep_place
-                )
+                self._single_steps(lease_id, weight, max_wait, lease_seconds, cost, keep_place)
             )
         except (WaitTooLong, LimiterUnavailable, ValueError):
             raise
@@ -60,7 +58,7 @@ class AsyncLimiter(LimiterBase):
             raise
 
     async def release(self, grant: Grant) -> bool:
-        return await self._run(self._release_steps(grant.lease_id))
+        return await self._run(self._release_grant_steps(grant))
 
     async def acquire_many(
         self,
@@ -86,7 +84,8 @@ class AsyncLimiter(LimiterBase):
             # The reservation's lease is held whatever stopped the confirm (limits shrunk below
             # its weight or cost, Redis gone, a signal): on an API with an in-flight cap it
             # would keep a place taken until it expires, tens of seconds later.
-            await self._release_quietly(grant.lease_id)
+            if grant.leased:
+                await self._release_quietly(grant.lease_id)
             raise
 
     async def release_many(
@@ -106,7 +105,8 @@ class AsyncLimiter(LimiterBase):
         try:
             yield grant
         finally:
-            await self._release_quietly(grant.lease_id)
+            if grant.leased:
+                await self._release_quietly(grant.lease_id)
 
     async def block(self, seconds: float) -> Feedback:
         return await self._run(self._feedback_steps(-1, seconds, False))

@@ -3,7 +3,9 @@ generator of steps (run a script, sleep, wait for a freed lease) that a front en
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
@@ -87,6 +89,8 @@ class Grant:
     lease_seconds: float = DEFAULT_LEASE_SECONDS  # what confirm() renews the lease with
     cost: int = 0  # units taken from each "cost" window (tokens); settle() corrects it
     cost_seq: int = -1  # its reservation's number in the cost windows' history (settle.lua)
+    # False: it holds no lease (the limiter has no in-flight cap), release() has nothing to do
+    leased: bool = True
 
 
 @dataclass(frozen=True)
@@ -295,6 +299,7 @@ class LimiterBase:
         *,
         key_prefix: str = KEY_PREFIX,
         rate_samples_kept: int = RATE_SAMPLES_KEPT,
+        spare_slots: bool = True,
     ) -> None:
         if not _NAME.match(name):
             raise ValueError("limiter name must be 1-201 of A-Z a-z 0-9 _ . : -")
@@ -303,6 +308,12 @@ class LimiterBase:
         self.config = config
         self.round_trips = 0
         self._clock_reading: ClockReading | None = None
+        # The next slots acquire.lua reserved for this process's callers with their grants
+        # (lib/schedule.lua's reserve_spare); a forked child must not confirm its parent's.
+        self.spare_slots = spare_slots
+        self._spares: list[Grant] = []
+        self._spares_pid = os.getpid()
+        self._spares_lock = threading.Lock()
         # One hash tag for all keys of a limiter: its scripts touch several keys at once, which
         # Redis Cluster allows only within one slot.
         base = self._base = f"{key_prefix}:{{{name}}}"
@@ -360,6 +371,60 @@ class LimiterBase:
         if largest is not None and cost > largest:
             raise TooBig(f"cost {cost} exceeds the smallest cost window's burst {largest}")
 
+    def _take_spare(self, weight: int) -> Grant | None:
+        with self._spares_lock:
+            if self._spares_pid != os.getpid():
+                self._spares, self._spares_pid = [], os.getpid()
+            for i, spare in enumerate(self._spares):
+                if spare.weight == weight:
+                    return self._spares.pop(i)
+        return None
+
+    def _keep_spare(self, spare: Grant) -> None:
+        with self._spares_lock:
+            if self._spares_pid == os.getpid():
+                self._spares.append(spare)
+
+    def _single_steps(
+        self,
+        lease_id: str,
+        weight: int,
+        max_wait: float | None,
+        lease_seconds: float,
+        cost: int,
+        keep_place: bool,
+    ) -> Steps:
+        """acquire(): confirm the spare slot an earlier grant reserved for this process (one
+        round trip, and a new spare with it), else ask anew."""
+        spares = self.spare_slots and cost == 0 and not keep_place
+        spare = self._take_spare(weight) if spares else None
+        if spare is None:
+            return (
+                yield from self._acquire_steps(
+                    lease_id, weight, max_wait, lease_seconds,
+                    cost=cost, keep_place=keep_place, spare=spares,
+                )
+            )  # fmt: skip
+        started = time.monotonic()
+        delay = spare.due - CONFIRM_AHEAD_SECONDS - started
+        if max_wait is not None and delay > max_wait:
+            self._keep_spare(spare)  # still this process's next slot
+            raise WaitTooLong(spare.due - started)
+        if delay > 0:
+            yield Sleep(delay)
+        return (
+            yield from self._acquire_steps(
+                lease_id,
+                weight,
+                None if max_wait is None else max(0.0, max_wait - (time.monotonic() - started)),
+                lease_seconds,
+                held_slot=spare.slot_us,
+                held_generation=spare.generation,
+                waited_before=time.monotonic() - started,
+                spare=True,
+            )
+        )
+
     def _acquire_steps(
         self,
         lease_id: str,
@@ -373,6 +438,7 @@ class LimiterBase:
         cost: int = 0,
         cost_seq: int = -1,
         keep_place: bool = False,
+        spare: bool = False,
     ) -> Steps:
         """Reserve and confirm a slot; or, given held_slot and held_generation (a reservation
         made by acquire_many, or a place kept before), only confirm that one, queueing again
@@ -400,13 +466,31 @@ class LimiterBase:
                     cost_seq if held_slot >= 0 else -1,
                     *self._history_args,
                     1 if keep_place else 0,
+                    1 if spare else 0,
                 ],
             )
-            code, wait_us, slot_us, generation, now_us, seq = (int(x) for x in reply)
+            code, wait_us, slot_us, generation, now_us, seq, leased, spare_us = (
+                int(x) for x in reply
+            )
             received = time.monotonic()
             self._read_clock(now_us, received)
             if seq >= 0:
                 cost_seq = seq
+            if spare_us >= 0:
+                self._keep_spare(
+                    Grant(
+                        lease_id="",
+                        weight=weight,
+                        slot_us=spare_us,
+                        granted_us=now_us,
+                        generation=generation,
+                        waited=0.0,
+                        ready=False,
+                        due=received + (spare_us - now_us) / MICROS,
+                        lease_seconds=lease_seconds,
+                        leased=False,
+                    )
+                )
             if held_slot >= 0 and slot_us != held_slot:
                 requeued += 1
             if code == GRANTED:
@@ -423,6 +507,7 @@ class LimiterBase:
                     lease_seconds=lease_seconds,
                     cost=cost,
                     cost_seq=cost_seq,
+                    leased=bool(leased),
                 )
             if code == WAIT and keep_place and 0 <= wait_left_us < wait_us:
                 place = Grant(
@@ -438,6 +523,7 @@ class LimiterBase:
                     lease_seconds=lease_seconds,
                     cost=cost,
                     cost_seq=cost_seq,
+                    leased=bool(leased),
                 )
                 raise WaitTooLong(wait_us / MICROS, place=place)
             if code == WAIT:
@@ -495,7 +581,8 @@ class LimiterBase:
             code, hint_us, generation, now_us = (int(x) for x in reply[:4])
             self._read_clock(now_us, received)
             seqs = [int(x) for x in _text(reply[4]).split(",") if x]
-            slots = [int(x) for x in reply[5:]]
+            leased = bool(int(reply[5]))
+            slots = [int(x) for x in reply[6:]]
             if code == NOT_CONFIGURED:
                 yield from self._configure_from_own()
                 continue
@@ -522,6 +609,7 @@ class LimiterBase:
                     lease_seconds=lease_seconds,
                     cost=costs[i - 1],
                     cost_seq=seqs[i - 1],
+                    leased=leased,
                 )
                 for i, slot in enumerate(slots, start=1)
             )
@@ -563,10 +651,15 @@ class LimiterBase:
         )
         return bool(int(reply[0]))
 
+    def _release_grant_steps(self, grant: Grant) -> Steps:
+        if not grant.leased:
+            return False
+        return (yield from self._release_steps(grant.lease_id))
+
     def _release_many_steps(
         self, grants: Iterable[Grant], settles: Iterable[tuple[Grant, int]] = ()
     ) -> Steps:
-        lease_ids = [grant.lease_id for grant in grants]
+        lease_ids = [grant.lease_id for grant in grants if grant.leased]
         corrections = [
             (delta, grant.cost_seq)
             for grant, cost in settles

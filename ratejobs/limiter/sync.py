@@ -59,9 +59,7 @@ class Limiter(LimiterBase):
         lease_id = new_lease_id()
         try:
             return self._run(
-                self._acquire_steps(
-                    lease_id, weight, max_wait, lease_seconds, cost=cost, keep_place=keep_place
-                )
+                self._single_steps(lease_id, weight, max_wait, lease_seconds, cost, keep_place)
             )
         except (WaitTooLong, LimiterUnavailable, ValueError):
             raise
@@ -72,7 +70,7 @@ class Limiter(LimiterBase):
             raise
 
     def release(self, grant: Grant) -> bool:
-        return self._run(self._release_steps(grant.lease_id))
+        return self._run(self._release_grant_steps(grant))
 
     def acquire_many(
         self,
@@ -110,7 +108,8 @@ class Limiter(LimiterBase):
             # The reservation's lease is held whatever stopped the confirm (limits shrunk below
             # its weight or cost, Redis gone, a signal): on an API with an in-flight cap it
             # would keep a place taken until it expires, tens of seconds later.
-            self._release_quietly(grant.lease_id)
+            if grant.leased:
+                self._release_quietly(grant.lease_id)
             raise
 
     def release_many(
@@ -132,7 +131,8 @@ class Limiter(LimiterBase):
         try:
             yield grant
         finally:
-            self._release_quietly(grant.lease_id)
+            if grant.leased:
+                self._release_quietly(grant.lease_id)
 
     def block(self, seconds: float) -> Feedback:
         """Stop every caller for `seconds`, including those already holding a future slot."""

@@ -162,6 +162,7 @@ def call_kept_place(call: Call, limiter_name: str) -> Grant | None:
         lease_seconds=kept["lease_seconds"],
         cost=kept["cost"],
         cost_seq=kept["cost_seq"],
+        leased=kept.get("leased", True),
     )
 
 
@@ -175,6 +176,7 @@ def _kept_place_fields(place: Grant, limiter_name: str) -> dict:
         "lease_seconds": place.lease_seconds,
         "cost": place.cost,
         "cost_seq": place.cost_seq,
+        "leased": place.leased,
     }
 
 

@@ -146,7 +146,10 @@ def test_the_actual_cost_is_settled_with_the_limiter_over_and_under_the_estimate
 def test_the_settle_rides_with_the_lease_and_costs_no_round_trip_of_its_own(
     token_sandbox, session, make_limiter
 ):
-    limiter = make_limiter(LimiterConfig(rate=1000, burst=100, windows=(TOKEN_WINDOW,)))
+    # (an in-flight cap: without one a grant holds no lease, and a settle goes on its own)
+    limiter = make_limiter(
+        LimiterConfig(rate=1000, burst=100, max_concurrency=10, windows=(TOKEN_WINDOW,))
+    )
     url = f"{token_sandbox.url}/items/1?tokens=70"
     counted = ExecutionPolicy(cost_header="X-Tokens-Used")
     # given the same call once without and once with its cost read from the response

@@ -208,9 +208,19 @@ class ReferenceLimiter:
         return changed
 
     def acquire(
-        self, now: int, weight: int, lease: str, ttl: int, max_wait: int, held: int, held_gen: int
+        self,
+        now: int,
+        weight: int,
+        lease: str,
+        ttl: int,
+        max_wait: int,
+        held: int,
+        held_gen: int,
+        *,
+        ahead: bool = True,
     ) -> tuple[int, int, int, int]:
-        """Returns (code, wait, slot, generation) as acquire.lua does."""
+        """Returns (code, wait, slot, generation) as acquire.lua does (acquire_many.lua's
+        slots without `ahead`: it grants none before its slot)."""
         cfg = self.config
         if cfg is None:
             return NOT_CONFIGURED, 0, 0, 0
@@ -218,7 +228,8 @@ class ReferenceLimiter:
         interval = cfg.period * 1_000_000 / self.current_rate(now)
 
         def grant(slot: int) -> tuple[int, int, int, int]:
-            self.leases[lease] = now + ttl
+            if cfg.max_concurrency:  # leases exist only to hold a cap
+                self.leases[lease] = now + ttl
             self.grants += 1
             granted = max(self.offset(self.granted_tat, now), slot - now) + weight * interval
             self.granted_tat = self.at_offset(now, granted)
@@ -242,7 +253,10 @@ class ReferenceLimiter:
         self.tat = self.at_offset(now, max(tat, wait) + weight * interval)
         if wait == 0:
             return grant(slot)
-        self.leases[lease] = slot + ttl
+        if ahead and wait <= CONFIRM_AHEAD_US:  # near enough to be confirmed at once
+            return GRANTED, wait, *grant(slot)[2:]
+        if cfg.max_concurrency:
+            self.leases[lease] = slot + ttl
         return WAIT, wait, slot, self.generation
 
     def acquire_many(
@@ -256,7 +270,7 @@ class ReferenceLimiter:
         slots: list[int] = []
         for i in range(1, count + 1):
             code, wait, slot, generation = self.acquire(
-                now, weight, f"{prefix}:{i}", ttl, max_wait, -1, -1
+                now, weight, f"{prefix}:{i}", ttl, max_wait, -1, -1, ahead=False
             )
             if code not in (GRANTED, WAIT):
                 return code, wait, generation, slots

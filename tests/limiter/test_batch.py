@@ -71,7 +71,8 @@ def test_batch_takes_consecutive_slots_in_one_round_trip(make_batch_limiter):
     assert [b - a for a, b in zip(slots, slots[1:], strict=False)] == [10_000] * 4
     assert [g.ready for g in batch] == [True, False, False, False, False]
     assert len({g.lease_id for g in batch}) == 5
-    assert limiter.state().in_flight == 5
+    # without an in-flight cap no slot holds a lease: nothing to give back
+    assert not any(g.leased for g in batch) and limiter.state().in_flight == 0
     # expect: confirming sleeps until each slot and grants it there
     confirmed = [limiter.confirm(g) for g in batch]
     assert [g.slot_us for g in confirmed] == slots
@@ -96,8 +97,9 @@ def test_batch_and_single_calls_share_the_window_bound(make_batch_limiter):
 
 
 def test_block_set_after_a_batch_stops_its_later_slots(make_batch_limiter):
-    # given 10/s: a batch of 6 holds slots 0, 100, ..., 500 ms from now
-    limiter = make_batch_limiter(LimiterConfig(rate=10, burst=1))
+    # given 10/s (a cap, so that the batch holds leases): a batch of 6 holds slots 0, 100, ...,
+    # 500 ms from now
+    limiter = make_batch_limiter(LimiterConfig(rate=10, burst=1, max_concurrency=10))
     batch = limiter.acquire_many(6)
     assert batch.grants[-1].slot_us - batch.now_us == 500_000
     sent = [limiter.confirm(batch.grants[0]), limiter.confirm(batch.grants[1])]
@@ -126,8 +128,8 @@ def test_a_rate_cut_after_a_batch_respaces_its_later_slots(make_limiter):
 
 
 def test_max_wait_limits_a_batch_to_the_slots_within_it(make_batch_limiter):
-    # given 10/s, burst 1: slots 0, 100, 200, 300 ms ... from now
-    limiter = make_batch_limiter(LimiterConfig(rate=10, burst=1))
+    # given 10/s, burst 1 (and a cap, for the leases): slots 0, 100, 200, 300 ms ... from now
+    limiter = make_batch_limiter(LimiterConfig(rate=10, burst=1, max_concurrency=10))
     batch = limiter.acquire_many(5, max_wait=0.25)
     granted = time.monotonic()
     # expect: the three slots within 250 ms, and when the fourth would come

@@ -78,7 +78,9 @@ def test_every_key_a_limiter_writes_expires_no_sooner_than_its_longest_window(
 def test_a_lease_a_block_and_a_rate_cut_keep_the_bucket_until_they_end(make_limiter, redis_client):
     # given a one-second window: by itself the bucket would be forgotten a few seconds on;
     # CUBIC (no learning) climbs back to the rate before a cut in exactly recovery_seconds
-    config = LimiterConfig(rate=10.0, burst=2, adaptive=True, recovery_seconds=30.0, learn=False)
+    config = LimiterConfig(
+        rate=10.0, burst=2, max_concurrency=5, adaptive=True, recovery_seconds=30.0, learn=False
+    )
     limiter = make_limiter(config)
     held = limiter.acquire(lease_seconds=600)
     assert _keys(redis_client, limiter)["leases"] >= 600

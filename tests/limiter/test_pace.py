@@ -132,12 +132,12 @@ def test_a_holder_waking_a_whole_slot_late_queues_again(make_limiter):
     script = limiter._scripts["acquire"]
     args = [1, "late-holder", 60_000_000, -1]
     reply = script(keys=limiter.keys, args=[*args, -1, -1])
-    code, _, slot, generation, _, _ = (int(x) for x in reply)
+    code, _, slot, generation = (int(x) for x in reply[:4])
     assert code == 1
     # when that caller only wakes 250 ms later (a paused process)
     time.sleep(0.25)
-    code, wait, new_slot, _, now, _ = (
-        int(x) for x in script(keys=limiter.keys, args=[*args, slot, generation])
+    code, wait, new_slot, _, now = (
+        int(x) for x in script(keys=limiter.keys, args=[*args, slot, generation])[:5]
     )
     # expect: no grant at the stale slot, but a new place in the queue
     assert new_slot > slot

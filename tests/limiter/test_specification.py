@@ -448,7 +448,11 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             )
             bucket.fresh = False
 
-        def take_lease(self, bucket: Bucket, lease_id: str, expiry: int, now: int) -> None:
+        def take_lease(self, bucket: Bucket, grant: Grant, expiry: int, now: int) -> None:
+            # L1: a lease holds a place under a cap; without one nothing is held.
+            if not grant.leased:
+                return
+            lease_id = grant.lease_id
             was_live = bucket.leases.get(lease_id, 0) > now
             bucket.leases[lease_id] = expiry
             bucket.stepped_over.pop(lease_id, None)
@@ -466,7 +470,9 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             base = f"api{self.next_seq()}"
             names = [base, *(f"{base}:key{i}" for i in range(keys))]
             for name in names:
-                limiter = Limiter(client, name, self.api_config)
+                # A spare's due is on this process's clock, which the frozen server clock
+                # does not move: spares are tested on the real clock (test_spares.py).
+                limiter = Limiter(client, name, self.api_config, spare_slots=False)
                 self.buckets.append(Bucket(limiter, self.api_config))
 
         @rule(
@@ -525,7 +531,7 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             now = clock.now_us
             assert not too_big(bucket.config, weight, cost)
             self.log_grant(bucket, grant, now)
-            self.take_lease(bucket, grant.lease_id, now + int(lease * MICROS), now)
+            self.take_lease(bucket, grant, now + int(lease * MICROS), now)
 
         def must_be_full(self, bucket: Bucket, weight: int) -> None:
             """K4, N1, T2: a new, reset or expired bucket starts with every window full; only a
@@ -580,12 +586,10 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             for grant in batch:
                 if grant.ready:
                     self.log_grant(bucket, grant, now)
-                    self.take_lease(bucket, grant.lease_id, now + int(lease * MICROS), now)
+                    self.take_lease(bucket, grant, now + int(lease * MICROS), now)
                 else:
                     # L1: a reservation's lease runs from its slot.
-                    self.take_lease(
-                        bucket, grant.lease_id, grant.slot_us + int(lease * MICROS), now
-                    )
+                    self.take_lease(bucket, grant, grant.slot_us + int(lease * MICROS), now)
                     bucket.reservations.append(grant)
                     bucket.fresh = False
 
@@ -616,9 +620,7 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
                 return
             now = clock.now_us
             self.log_grant(bucket, grant, now)
-            self.take_lease(
-                bucket, grant.lease_id, now + int(reservation.lease_seconds * MICROS), now
-            )
+            self.take_lease(bucket, grant, now + int(reservation.lease_seconds * MICROS), now)
 
         @rule(index=st.integers(0, 5), which=st.integers(0, 50), pending=st.booleans())
         def release(self, index: int, which: int, pending: bool) -> None:
@@ -777,7 +779,9 @@ def test_limiter_keeps_the_specification(frozen_redis: FrozenRedis) -> None:
             before = bucket.limiter.state().config_version
             if before < 2:
                 return  # limits written at next use: the bucket still holds the first version
-            stale = Limiter(client, bucket.limiter.name, replace(self.api_config, version=1))
+            stale = Limiter(
+                client, bucket.limiter.name, replace(self.api_config, version=1), spare_slots=False
+            )
             assert not self.call(bucket, lambda now: stale.configure(stale.config))
             assert bucket.limiter.state().config_version == before
 
@@ -874,7 +878,7 @@ async def in_asyncio(url: str, limiter: Limiter, call):
     """`call` on an AsyncLimiter for `limiter`'s bucket, on a client of this event loop."""
     client = redis.asyncio.Redis.from_url(url)
     try:
-        return await call(AsyncLimiter(client, limiter.name, limiter.config))
+        return await call(AsyncLimiter(client, limiter.name, limiter.config, spare_slots=False))
     finally:
         await client.aclose()
 

@@ -71,7 +71,7 @@ def test_scripts_agree_with_reference_model(machine_limiter):
                 keys=self.limiter.keys,
                 args=[weight, lease, LEASE_TTL_US, max_wait, held, held_gen],
             )
-            code, wait, slot, generation, now, _ = (int(x) for x in reply)
+            code, wait, slot, generation, now = (int(x) for x in reply[:5])
             expected = self.model.acquire(
                 now, weight, lease, LEASE_TTL_US, max_wait, held, held_gen
             )
@@ -129,7 +129,7 @@ def test_scripts_agree_with_reference_model(machine_limiter):
                 keys=self.limiter.keys, args=[weight, count, prefix, LEASE_TTL_US, max_wait]
             )
             code, hint, generation, now = (int(x) for x in reply[:4])
-            slots = [int(x) for x in reply[5:]]
+            slots = [int(x) for x in reply[6:]]
             expected = self.model.acquire_many(now, weight, count, prefix, LEASE_TTL_US, max_wait)
             assert (code, hint, generation, slots) == expected
             self.generations_seen.append(generation)

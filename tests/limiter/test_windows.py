@@ -136,7 +136,9 @@ def test_release_many_settles_a_batch_in_its_one_round_trip_as_settle_would(
 ):
     # given two limiters alike, each with three grants whose real costs differ from their
     # estimates (over, under, the same)
-    config = LimiterConfig(rate=1000.0, burst=10, windows=(Window(100.0, 10.0, 100, "cost"),))
+    config = LimiterConfig(
+        rate=1000.0, burst=10, max_concurrency=10, windows=(Window(100.0, 10.0, 100, "cost"),)
+    )
     one_by_one = make_limiter(config, name=f"{unique_name}-1")
     batched = make_limiter(config, name=f"{unique_name}-2")
     estimates, real = (10, 20, 30), (25, 5, 30)

@@ -25,11 +25,14 @@ ARGV[11] rate history: samples kept (the newest); absent: nothing is sampled
 ARGV[12] 1: keep the place: a slot further away than ARGV[4] is reserved all the same (WAIT)
         when it is within lib/schedule.lua's keeps_place bound, for a caller that hands the
         reservation on and confirms it when its slot comes; absent or 0: TOO_LONG as ever
+ARGV[13] 1: with a grant, also reserve the caller's next slot (a spare, lib/schedule.lua's
+        reserve_spare), which it confirms like any reservation when it asks again; absent
+        or 0: none
 
-Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
+Returns {code, wait_us, slot_us, generation, now_us, cost_seq, leased, spare_slot_us}
   0 GRANTED         send at slot_us, the granted slot: now (slot_us <= now_us), or, for a
-                    reservation confirmed up to lib/schedule.lua's CONFIRM_AHEAD_US early, after
-                    sleeping wait_us
+                    slot up to lib/schedule.lua's CONFIRM_AHEAD_US away (a reservation confirmed
+                    early, or a new one that near), after sleeping wait_us
   1 WAIT            a slot is reserved at slot_us; sleep wait_us, then call again passing slot
                     and generation to confirm it right before sending (blocks and rate cuts
                     that came meanwhile are checked then; a holder more than one slot late
@@ -42,6 +45,8 @@ Returns {code, wait_us, slot_us, generation, now_us, cost_seq}
                     changed
   cost_seq is the new reservation's number in the cost windows' history (pass it to
   settle.lua), -1 when no reservation was made now or the request takes nothing from them
+  leased is 1 when the slot holds a lease to give back (release.lua), 0 without an in-flight
+  cap; spare_slot_us is the spare's slot under the same generation, -1 when none was made
 Counts grants, new reservations (waits, with their wait), TOO_LONG and AT_CAPACITY answers in
 the state hash (lib/state.lua's COUNTERS); a grant samples the rate history when its last
 sample is ARGV[10] old.
@@ -49,7 +54,7 @@ sample is ARGV[10] old.
 
 local cfg = load_config(KEYS[1])
 if not cfg or config_outdated(cfg, ARGV[7]) then
-  return {4, 0, 0, 0, 0, -1}
+  return {4, 0, 0, 0, 0, -1, 0, -1}
 end
 local weight = tonumber(ARGV[1])
 local cost = tonumber(ARGV[8]) or 0
@@ -68,17 +73,21 @@ use_history(st, KEYS[6], ARGV[10], ARGV[11])
 load_windows(KEYS[2], cfg, st, now)
 start_learning_phase(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
-local bucket = {KEYS[1], KEYS[2], KEYS[3]}
+local leased = takes_lease(cfg) and 1 or 0
+-- the keys this call may write; without a cap it takes no lease
+local bucket = leased == 1 and {KEYS[1], KEYS[2], KEYS[3]} or {KEYS[1], KEYS[2]}
+local spare_wanted = ARGV[13] == '1'
 
 if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
   if now >= held_slot - CONFIRM_AHEAD_US then
     grant_slot(KEYS, cfg, st, now, lease_id, ttl, held_slot, weight, interval, cost)
-    store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
+    local spare = reserve_spare(KEYS, cfg, st, now, spare_wanted, weight, interval)
+    store_times(KEYS[2], now, st, spare >= 0 and {'granted_tat', 'tat'} or {'granted_tat'})
     store_windows(KEYS[2], st, now)
-    renew_bucket(bucket, cfg, st, now, now + ttl, KEYS[5])
-    return {0, math.max(0, held_slot - now), held_slot, st.generation, now, -1}
+    renew_bucket(bucket, cfg, st, now, leased * (now + ttl), KEYS[5])
+    return {0, math.max(0, held_slot - now), held_slot, st.generation, now, -1, leased, spare}
   end
-  return {1, held_slot - now, held_slot, st.generation, now, -1}
+  return {1, held_slot - now, held_slot, st.generation, now, -1, leased, -1}
 end
 if held_slot >= 0 and held_generation == st.generation then
   give_back(KEYS[5], cfg, st, tonumber(ARGV[9]) or -1, cost, false)
@@ -92,23 +101,33 @@ if max_wait >= 0 and wait > max_wait
   wake_waiters(cfg, KEYS[4], redis.call('ZREM', KEYS[3], lease_id))
   count(KEYS[2], 'too_long')
   renew_bucket(bucket, cfg, st, now, 0, KEYS[5])
-  return {2, wait, slot, st.generation, now, -1}
+  return {2, wait, slot, st.generation, now, -1, leased, -1}
 end
 
-if not redis.call('ZSCORE', KEYS[3], lease_id) and free_leases(cfg, KEYS[3], now) <= 0 then
+if leased == 1 and not redis.call('ZSCORE', KEYS[3], lease_id)
+    and free_leases(cfg, KEYS[3], now) <= 0 then
   count(KEYS[2], 'at_capacity')
   renew_bucket(bucket, cfg, st, now, 0, KEYS[5])
-  return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now, -1}
+  return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now, -1, leased, -1}
 end
 
 local seq_before = st.cost_seq
 reserve_slot(KEYS, cfg, st, now, lease_id, ttl, wait, weight, interval, cost)
-store_time(KEYS[2], 'tat', now, st.tat)
-store_windows(KEYS[2], st, now)
 local seq = st.cost_seq ~= seq_before and st.cost_seq or -1
-renew_bucket(bucket, cfg, st, now, slot + ttl, KEYS[5])
-if wait == 0 then
-  store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
-  return {0, 0, slot, st.generation, now, seq}
+local spare = -1
+local granted = wait <= CONFIRM_AHEAD_US
+if granted then
+  if wait > 0 then
+    -- as near as a reservation may be confirmed ahead: confirmed at once, which saves its
+    -- holder the round trip; it sleeps the rest itself
+    grant_slot(KEYS, cfg, st, now, lease_id, ttl, slot, weight, interval, cost)
+  end
+  spare = reserve_spare(KEYS, cfg, st, now, spare_wanted, weight, interval)
 end
-return {1, wait, slot, st.generation, now, seq}
+store_times(KEYS[2], now, st, granted and {'tat', 'granted_tat'} or {'tat'})
+store_windows(KEYS[2], st, now)
+renew_bucket(bucket, cfg, st, now, leased * (slot + ttl), KEYS[5])
+if granted then
+  return {0, wait, slot, st.generation, now, seq, leased, spare}
+end
+return {1, wait, slot, st.generation, now, seq, leased, -1}

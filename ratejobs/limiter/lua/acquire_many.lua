@@ -23,9 +23,10 @@ ARGV[7] the costs of the slots in "cost" windows, comma-separated (slot i's is t
 ARGV[8] rate history: µs between samples taken at grants; absent: nothing is sampled
 ARGV[9] rate history: samples kept (the newest); absent: nothing is sampled
 
-Returns {code, hint_us, generation, now_us, cost_seqs, slot_1, ..., slot_n}, n <= count, slots
-ascending; cost_seqs is "seq_1,...,seq_n", each slot's number in the cost windows' history
-(-1 for a slot that takes nothing from them), to pass to settle.lua
+Returns {code, hint_us, generation, now_us, cost_seqs, leased, slot_1, ..., slot_n}, n <= count,
+slots ascending; cost_seqs is "seq_1,...,seq_n", each slot's number in the cost windows' history
+(-1 for a slot that takes nothing from them), to pass to settle.lua; leased is 1 when the slots
+hold leases to give back (release.lua), 0 without an in-flight cap
   code 0          all `count` slots reserved; hint_us is 0
        2 TOO_LONG the next slot is hint_us away, more than ARGV[5]; the n before it are held
        3 AT_CAPACITY  max_concurrency leases are out; the earliest expires in hint_us
@@ -40,7 +41,7 @@ granted now samples the rate history as acquire.lua's grant does (at most one sa
 
 local cfg = load_config(KEYS[1])
 if not cfg or config_outdated(cfg, ARGV[6]) then
-  return {4, 0, 0, 0, ''}
+  return {4, 0, 0, 0, '', 0}
 end
 local weight = tonumber(ARGV[1])
 local costs = {}
@@ -65,7 +66,7 @@ start_learning_phase(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
 local room = free_leases(cfg, KEYS[3], now)
 
-local reply = {0, 0, st.generation, now, ''}
+local reply = {0, 0, st.generation, now, '', takes_lease(cfg) and 1 or 0}
 local seqs = {}
 local granted = false
 -- The checks in acquire.lua's order, so slot i gets the answer the i-th of `count` acquire.lua
@@ -91,7 +92,7 @@ for i = 1, wanted do
 end
 
 reply[5] = table.concat(seqs, ',')
-if #reply > 5 then
+if #reply > 6 then
   store_time(KEYS[2], 'tat', now, st.tat)
   store_windows(KEYS[2], st, now)
 end
@@ -99,5 +100,5 @@ if granted then
   store_time(KEYS[2], 'granted_tat', now, st.granted_tat)
 end
 renew_bucket({KEYS[1], KEYS[2], KEYS[3]}, cfg, st, now,
-  #reply > 5 and reply[#reply] + ttl or 0, KEYS[5])
+  #reply > 6 and reply[#reply] + ttl or 0, KEYS[5])
 return reply

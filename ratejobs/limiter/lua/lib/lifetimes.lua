@@ -21,6 +21,8 @@ local LIFETIME_MARGIN_US = 1000000
 -- A learned limit is a fact about the API, not about its last burst: it is kept through idle
 -- spells (the rate stands still meanwhile: learning_phase_due) for this long after the bucket's
 -- last use, so tomorrow's job starts at the held rate rather than at the ceiling, into a 429.
+-- So is a rate still climbing towards a limit being learned (learn_target): idle, it stands
+-- still too, and would never reach the time rate_recovered_at computes for it.
 local LEARNED_KEPT_US = 24 * 3600 * 1000000
 
 local function window_span_us(rate, period, burst)
@@ -80,7 +82,7 @@ local RENEW_SLACK_US = 1000000
 local function renew_bucket(keys, cfg, st, now, lease_end, heads_key)
   local at = math.max(now + st.tat, now + st.granted_tat, st.blocked_until,
     rate_recovered_at(cfg, st), lease_end)
-  if cfg.adaptive and cfg.learn and st.learned then
+  if cfg.adaptive and cfg.learn and (st.learned or st.learn_target) then
     at = math.max(at, now + LEARNED_KEPT_US)
   end
   local span = window_span_us(cfg.rate, cfg.period, cfg.burst)

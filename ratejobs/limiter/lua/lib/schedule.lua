@@ -91,9 +91,17 @@ local function reservation_holds(st, now, held_slot, held_generation, weight, in
     and now - held_slot < weight * interval
 end
 
+-- Leases exist only to hold an in-flight cap: without one a grant takes none, and its holder
+-- has nothing to give back (a round trip per request saved, core.Grant.leased).
+local function takes_lease(cfg)
+  return cfg.max_concurrency > 0
+end
+
 -- Send now at `slot` (<= now): the lease runs from now, and the granted schedule moves past it.
 local function grant_slot(keys, cfg, st, now, lease_id, ttl, slot, weight, interval, cost)
-  redis.call('ZADD', keys[3], now + ttl, lease_id)
+  if takes_lease(cfg) then
+    redis.call('ZADD', keys[3], now + ttl, lease_id)
+  end
   st.granted_tat = math.max(st.granted_tat, slot - now) + weight * interval
   for i, win in ipairs(cfg.windows) do
     local units = window_units(win, weight, cost)
@@ -129,7 +137,34 @@ local function reserve_slot(keys, cfg, st, now, lease_id, ttl, wait, weight, int
     grant_slot(keys, cfg, st, now, lease_id, ttl, now, weight, interval, cost)
     return
   end
-  redis.call('ZADD', keys[3], now + wait + ttl, lease_id)
+  if takes_lease(cfg) then
+    redis.call('ZADD', keys[3], now + wait + ttl, lease_id)
+  end
   count(keys[2], 'waits')
   count(keys[2], 'wait_us', wait)
+end
+
+-- A caller that asks one slot at a time pays a round trip to reserve and another to confirm
+-- whenever it must wait. Granted, it may take its next slot at once (a spare): asking again, it
+-- only confirms that one, so a caller that keeps asking pays one round trip per grant, and the
+-- spare queues as if it had asked at once. A spare nobody confirms wastes its slot, once: it
+-- is made only without an in-flight cap (it would hold a place) and without windows besides
+-- the main rate (it would take a unit of a window's quota, a token budget's among them), at a
+-- main rate of at least one slot per SPARE_INTERVAL_US, and for a slot at most SPARE_WAIT_US
+-- away; a slot within CONFIRM_AHEAD_US is left to the next ask, which is granted it in one
+-- round trip anyway.
+local SPARE_INTERVAL_US = 20000
+local SPARE_WAIT_US = 1000000
+
+-- Reserve the spare when asked for and allowed; its slot, or -1.
+local function reserve_spare(keys, cfg, st, now, wanted, weight, interval)
+  if not wanted or takes_lease(cfg) or #cfg.windows > 0 or interval > SPARE_INTERVAL_US then
+    return -1
+  end
+  local wait = next_slot_offset(cfg, st, now, weight, interval, 0)
+  if wait <= CONFIRM_AHEAD_US or wait > SPARE_WAIT_US then
+    return -1
+  end
+  reserve_slot(keys, cfg, st, now, '', 0, wait, weight, interval, 0)
+  return now + wait
 end

@@ -91,6 +91,19 @@ local function store_time(key, name, now, offset)
   redis.call('HSET', key, name .. '_us', now + whole, name .. '_frac', offset - whole)
 end
 
+-- store_time for several of st's offsets (`names`) in one HSET: a grant stores two.
+local function store_times(key, now, st, names)
+  local fields = {}
+  for _, name in ipairs(names) do
+    local whole = math.floor(st[name])
+    fields[#fields + 1] = name .. '_us'
+    fields[#fields + 1] = now + whole
+    fields[#fields + 1] = name .. '_frac'
+    fields[#fields + 1] = st[name] - whole
+  end
+  redis.call('HSET', key, unpack(fields))
+end
+
 
 -- Set `changes` (field name to value, as a policy function returns them) in st and write them to
 -- the state hash in one HSET: numbers as exact strings, booleans as '1' or '0'.
