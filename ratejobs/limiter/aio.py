@@ -68,9 +68,10 @@ class AsyncLimiter(LimiterBase):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         weight: int = 1,
         costs: Sequence[int] | None = None,
+        wait_for_room: bool = True,
     ) -> GrantBatch:
         return await self._run(
-            self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs)
+            self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs, wait_for_room)
         )
 
     async def confirm(
@@ -87,6 +88,11 @@ class AsyncLimiter(LimiterBase):
             if grant.leased:
                 await self._release_quietly(grant.lease_id)
             raise
+
+    async def await_release(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds (at most MAX_CAPACITY_WAIT_SECONDS) for a released
+        in-flight place: True when one was released (its wake-up is this caller's)."""
+        return await self._run(self._await_release_steps(timeout))
 
     async def release_many(
         self, grants: Iterable[Grant], settles: Iterable[tuple[Grant, int]] = ()

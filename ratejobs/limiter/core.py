@@ -103,6 +103,8 @@ class GrantBatch:
     requested: int
     retry_after: float  # seconds; 0 when every requested slot was reserved
     now_us: int  # Redis's clock when the slots were reserved
+    # it stopped early at the in-flight cap (a release makes room), not at max_wait
+    at_capacity: bool = False
 
     def __len__(self) -> int:
         return len(self.grants)
@@ -550,6 +552,7 @@ class LimiterBase:
         max_wait: float | None,
         lease_seconds: float,
         costs: Sequence[int] | None = None,
+        wait_for_room: bool = True,
     ) -> Steps:
         if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_BATCH:
             raise ValueError(f"count must be a whole number from 1 to {MAX_BATCH}")
@@ -588,7 +591,7 @@ class LimiterBase:
                 continue
             if code not in (GRANTED, TOO_LONG, AT_CAPACITY):
                 raise LimiterError(f"unexpected reply from acquire_many.lua: {reply[:4]!r}")
-            if code == AT_CAPACITY and not slots:
+            if code == AT_CAPACITY and not slots and wait_for_room:
                 # Nothing fits yet: wait for a release, as acquire does, within max_wait.
                 left = None if max_wait is None else max_wait - (received - started)
                 if left is None or left > 0:
@@ -614,7 +617,13 @@ class LimiterBase:
                 for i, slot in enumerate(slots, start=1)
             )
             retry_after = max(hint_us, 0) / MICROS if code != GRANTED else 0.0
-            return GrantBatch(grants, requested=count, retry_after=retry_after, now_us=now_us)
+            return GrantBatch(
+                grants,
+                requested=count,
+                retry_after=retry_after,
+                now_us=now_us,
+                at_capacity=code == AT_CAPACITY,
+            )
 
     def _confirm_steps(
         self, grant: Grant, max_wait: float | None, keep_place: bool = False
@@ -644,6 +653,10 @@ class LimiterBase:
                 keep_place=keep_place,
             )
         )
+
+    def _await_release_steps(self, timeout: float) -> Steps:
+        reply = yield AwaitRelease(self.released_key, min(timeout, MAX_CAPACITY_WAIT_SECONDS))
+        return reply is not None
 
     def _release_steps(self, lease_id: str) -> Steps:
         reply = yield RunScript(

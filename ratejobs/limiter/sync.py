@@ -80,16 +80,20 @@ class Limiter(LimiterBase):
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         weight: int = 1,
         costs: Sequence[int] | None = None,
+        wait_for_room: bool = True,
     ) -> GrantBatch:
         """Reserve up to `count` consecutive slots, each with its own lease, in one round trip.
 
         Only slots within max_wait seconds are reserved and only as many as the in-flight cap
         allows: fewer than asked (perhaps none, with retry_after) rather than a longer wait.
         When nothing fits under the cap it waits for a release, as acquire does, up to
-        max_wait. Grants whose slot has not come yet (not ready) go through confirm() right
-        before their request is sent; release them all with release_many().
+        max_wait (without wait_for_room it returns none at once). Grants whose slot has not
+        come yet (not ready) go through confirm() right before their request is sent; release
+        them all with release_many().
         """
-        return self._run(self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs))
+        return self._run(
+            self._acquire_many_steps(count, weight, max_wait, lease_seconds, costs, wait_for_room)
+        )
 
     def confirm(
         self, grant: Grant, *, max_wait: float | None = None, keep_place: bool = False
@@ -111,6 +115,11 @@ class Limiter(LimiterBase):
             if grant.leased:
                 self._release_quietly(grant.lease_id)
             raise
+
+    def await_release(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds (at most MAX_CAPACITY_WAIT_SECONDS) for a released
+        in-flight place: True when one was released (its wake-up is this caller's)."""
+        return self._run(self._await_release_steps(timeout))
 
     def release_many(
         self, grants: Iterable[Grant], settles: Iterable[tuple[Grant, int]] = ()

@@ -187,11 +187,10 @@ def call_credential_key(call: Call, job: Job) -> str:
 
 def calls_reserve_slots(claims: list[Claimed]) -> list[Claimed]:
     """Reserve limiter slots for one claim's calls in one round trip (acquire_many), as many as
-    come within RATEJOBS_MAX_WORKER_WAIT; the others acquire their own when they run.
-
-    Not for an API with an in-flight cap: there each call waits for a released place on its
-    own thread, woken by the release, never the claiming thread."""
-    if not claims or claims[0].call.job.api.max_concurrency:
+    come within RATEJOBS_MAX_WORKER_WAIT and, for an API with an in-flight cap, as many as
+    there are places free now; the others acquire their own when they run (waiting for a
+    released place on their own thread, woken by the release, never the claiming thread)."""
+    if not claims:
         return claims
     # Calls naming credential keys go by limiter: one acquire_many per bucket. A call with a
     # kept place confirms that one.
@@ -220,6 +219,7 @@ def _reserve_group(claims: list[Claimed]) -> list[Claimed]:
             costs=[item.call.cost for item in claims],
             max_wait=settings.RATEJOBS_MAX_WORKER_WAIT,
             lease_seconds=context.policy.lease_seconds,
+            wait_for_room=False,
         )
     except LimiterError:  # each call tries again on its own and records why it could not
         return []
@@ -327,9 +327,10 @@ def call_attempt(claimed: Claimed) -> Outcome:
         attempts=call.attempts + 1,
         throttled_retries=call.throttled_count,
         max_wait=settings.RATEJOBS_MAX_WORKER_WAIT,
-        # Without an in-flight cap nobody waits for a lease: calls_record_outcomes returns
-        # them in bulk, one round trip per API instead of one per call.
-        return_lease=bool(api.max_concurrency),
+        # The caller returns the lease with others, one round trip for many: the worker's
+        # engine as soon as the response is in (calls_return_leases), else
+        # calls_record_outcomes with the outcome.
+        return_lease=False,
         reserved=claimed.reserved,
         cost=call.cost,
         # a call whose slot is beyond the wait keeps it and comes back for it (Outcome.place)
@@ -443,22 +444,41 @@ def _update_calls(names: tuple[str, ...], rows: list[dict]) -> None:
 
 def _return_leases(finished: list[Finished], *, kept: set[str]) -> None:
     """Return the leases the attempts handed back, and those of places not kept (`kept`: the
-    lease ids of the places written to their calls), and settle the real cost the handed-back
-    ones reported, one round trip per limiter (an API's own, or a credential key's bucket); a
-    lease not returned expires by itself, a cost not settled leaves the estimate."""
+    lease ids of the places written to their calls), with the real cost the handed-back ones
+    reported (calls_return_leases)."""
+    returns: list[LeaseReturn] = []
+    for item in finished:
+        outcome, limiter = item.outcome, item.claimed.context.limiter
+        if outcome.lease is not None:
+            returns.append(LeaseReturn(limiter, outcome.lease, outcome.cost_used))
+        place = outcome.place
+        if place is not None and place.lease_id not in kept:
+            returns.append(LeaseReturn(limiter, place, None))
+    calls_return_leases(returns)
+
+
+@dataclass(frozen=True)
+class LeaseReturn:
+    """A lease to give back, and the real cost its response reported (None: not said)."""
+
+    limiter: Limiter
+    lease: Grant
+    cost_used: int | None
+
+
+def calls_return_leases(returns: Iterable[LeaseReturn]) -> None:
+    """Return leases and settle the costs reported with them, one round trip per limiter (an
+    API's own, or a credential key's bucket); a lease not returned expires by itself, a cost
+    not settled leaves the estimate."""
     by_limiter: dict[str, list] = defaultdict(list)
     settles: dict[str, list] = defaultdict(list)
     limiters: dict[str, Limiter] = {}
-    for item in finished:
-        outcome, limiter = item.outcome, item.claimed.context.limiter
-        place = outcome.place
-        dropped = place if place is not None and place.lease_id not in kept else None
-        for lease in (outcome.lease, dropped):
-            if lease is not None:
-                limiters[limiter.name] = limiter
-                by_limiter[limiter.name].append(lease)
-        if outcome.lease is not None and outcome.cost_used is not None:
-            settles[limiter.name].append((outcome.lease, outcome.cost_used))
+    for item in returns:
+        name = item.limiter.name
+        limiters[name] = item.limiter
+        by_limiter[name].append(item.lease)
+        if item.cost_used is not None:
+            settles[name].append((item.lease, item.cost_used))
     for name, leases in by_limiter.items():
         try:
             limiters[name].release_many(leases, settles=settles[name])

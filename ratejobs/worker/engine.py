@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import redis
 from django.conf import settings
@@ -36,13 +36,16 @@ from ratejobs.namespace import redis_key
 from ratejobs.services.calls import (
     Claimed,
     Finished,
+    LeaseReturn,
     call_attempt,
     calls_claim,
     calls_record_outcomes,
     calls_reserve_slots,
 )
+from ratejobs.worker.places import PlaceQueue
 from ratejobs.worker.pool import CallPool
 from ratejobs.worker.reconcile import calls_recover_orphans, calls_release_claim
+from ratejobs.worker.returns import LeaseReturns
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,8 @@ class Engine:
         # of threads, it too often is (bench-slow measures the pace this keeps).
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self.pool = CallPool(in_flight)
+        self._returns = LeaseReturns()
+        self._places = PlaceQueue(self._run, max_wait=settings.RATEJOBS_MAX_WORKER_WAIT)
         self._heartbeat_seconds = heartbeat_seconds
         self._sweep_seconds = sweep_seconds
         self._finished: queue.SimpleQueue = queue.SimpleQueue()
@@ -117,7 +122,10 @@ class Engine:
                     raise
                 claimed = calls_reserve_slots(claimed)
                 for item in claimed:
-                    self.pool.run(lambda item=item: self._attempt(item))
+                    if item.reserved is None and item.call.job.api.max_concurrency:
+                        self._places.add(item)  # started once a place is free
+                    else:
+                        self._run(item)
                     handed += 1
                 started += claimed
             finally:
@@ -132,6 +140,7 @@ class Engine:
         False if that took longer than `timeout`: their claims are then taken back later."""
         deadline = time.monotonic() + timeout
         idle = self.pool.wait_idle(timeout)
+        self._returns.stop(max(0.0, deadline - time.monotonic()))
         self._finished.put(_STOP)
         self._recorder.join(max(0.0, deadline - time.monotonic()))
         if idle and not self._recorder.is_alive():
@@ -141,8 +150,16 @@ class Engine:
             return True
         return False
 
+    def _run(self, item: Claimed) -> None:
+        self.pool.run(lambda: self._attempt(item))
+
     def _attempt(self, item: Claimed) -> None:
-        self._finished.put(Finished(item, call_attempt(item)))
+        outcome = call_attempt(item)
+        if outcome.lease is not None and outcome.lease.leased:
+            # a place under an in-flight cap: back now, not once the outcome is written
+            self._returns.put(LeaseReturn(item.context.limiter, outcome.lease, outcome.cost_used))
+            outcome = replace(outcome, lease=None)
+        self._finished.put(Finished(item, outcome))
 
     def _record_forever(self) -> None:
         batch: list[Finished] = []

@@ -6,6 +6,7 @@ import base64
 import json
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 import redis
@@ -14,11 +15,12 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from project.celery import app
-from ratejobs.models import Call, Job
+from ratejobs.infra.clock import database_now
+from ratejobs.models import Call, Job, JobSecond
 from ratejobs.namespace import broker_key
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume
-from ratejobs.worker.dispatch import dispatch_api, dispatch_window
+from ratejobs.worker.dispatch import capped_window, dispatch_api, dispatch_window
 from ratejobs.worker.reconcile import reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -253,3 +255,21 @@ def test_calls_a_dead_worker_dispatched_go_back_and_the_others_stay(
     assert requested == [api.pk]
     for dispatcher in ("vm:1:alive", ""):
         assert not marked[dispatcher].calls.filter(dispatched_at__isnull=True).exists()
+
+
+def test_a_capped_api_gets_the_calls_its_places_carried_lately(broker, owner, unique_name):
+    # given an API with 4 places and a job of 1,000 calls that has just started
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=1000, max_concurrency=4)
+    job = job_create(owner=owner, api=api, name="capped", calls=calls(1000))
+    now = database_now()
+    # expect: twice its cap while nothing has ended yet
+    assert capped_window(api, now) == 8
+    dispatch_api(api_id=api.pk)
+    assert Call.objects.filter(job=job, dispatched_at__isnull=False).count() == 8
+    # and, once its places carried 300 calls in the last seconds, what they carry in twice a
+    # worker's wait for a place (1 s): 100/s, so 200
+    JobSecond.objects.create(job=job, at=now.replace(microsecond=0), calls=300)
+    assert capped_window(api, now) == 200
+    # and calls long ago count for nothing
+    JobSecond.objects.filter(job=job).update(at=now - timedelta(minutes=5))
+    assert capped_window(api, now) == 8
