@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
-.PHONY: venv test test-fast demo lint bench-limiter bench-jobs bench-slow bench-million bench-retention \
+.PHONY: venv test test-fast demo lint bench-limiter bench-jobs bench-fleet bench-slow bench-million bench-retention \
 	bench-export bench-adaptive bench-windows bench-keys chaos
 
 venv:
@@ -69,6 +69,11 @@ bench-adaptive: venv
 # of 16 and one with a token window, next to bare Celery (a few minutes).
 bench-jobs: venv
 	$(PY) -m bench.jobs
+
+# The pace at a fast API behind nginx's limit_req (300/s) for fleets of 1 x -c 2 and 2 x -c 4
+# workers, with and without an in-flight cap, jobs submitted through REST (about 2 minutes).
+bench-fleet: venv
+	$(PY) -m bench.fleet
 
 # Slow APIs: 1 s responses at 100/s, and an in-flight cap of 10 at 2 s, next to bare Celery.
 bench-slow: venv

@@ -255,12 +255,7 @@ def _attempt(
                 f"max_wait {max_wait}s; nothing sent",
             )
         else:
-            decision = Decision(
-                "wait",
-                retry_after=exc.retry_after,
-                error=f"next slot of limiter {limiter.name!r} is {exc.retry_after:.3f}s away, "
-                f"beyond max_wait {max_wait}s; nothing sent",
-            )
+            decision = slot_too_far(limiter.name, exc.retry_after, max_wait)
         return outcome_without_response(
             decision, time.monotonic() - started, attempts, throttled_retries
         )
@@ -369,6 +364,17 @@ def _return_lease(limiter: Limiter, grant: Grant, cost_used: int | None) -> str:
         logger.warning("limiter %r: lease not returned%s: %s", limiter.name, settled, exc)
         return f"lease not returned{settled}: {exc}"
     return ""
+
+
+def slot_too_far(limiter_name: str, slot_in: float, max_wait: float) -> Decision:
+    """A call whose next slot is `slot_in` seconds away, beyond max_wait: nothing sent, due
+    again when that slot would come."""
+    return Decision(
+        "wait",
+        retry_after=slot_in,
+        error=f"next slot of limiter {limiter_name!r} is {slot_in:.3f}s away, "
+        f"beyond max_wait {max_wait}s; nothing sent",
+    )
 
 
 def outcome_without_response(

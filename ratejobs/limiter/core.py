@@ -36,7 +36,7 @@ MAX_SLEEP_SECONDS = 1.0
 # A holder confirms its reservation this long before its slot, and acquire.lua grants it up to
 # 5 ms early (lib/schedule.lua's CONFIRM_AHEAD_US), so the request leaves at its slot and not a
 # round trip later: a sleep overshoots by a fraction of a millisecond, a round trip takes about one.
-CONFIRM_AHEAD_SECONDS = 0.002
+CONFIRM_AHEAD_SECONDS = 0.0045
 # Callers waiting for in-flight capacity are woken by releases; this bounds the wait when a
 # lease expires instead (a killed worker) and must stay below the client's socket timeout.
 MAX_CAPACITY_WAIT_SECONDS = 0.5

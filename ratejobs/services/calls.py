@@ -27,6 +27,7 @@ from ratejobs.execution.attempt import (
     Outcome,
     attempt_call,
     outcome_without_response,
+    slot_too_far,
 )
 from ratejobs.execution.connections import session_for_process
 from ratejobs.execution.outbound import policy_for
@@ -68,6 +69,9 @@ class Claimed:
     token: str
     context: ApiContext
     reserved: Grant | None = None  # a limiter slot reserved with the claim's others
+    # Seconds to the next slot when it is beyond RATEJOBS_MAX_WORKER_WAIT (the claim's batch
+    # stopped there): the call is not started but goes back, due when the slot would come.
+    slot_in: float | None = None
 
 
 @dataclass(frozen=True)
@@ -203,14 +207,33 @@ def calls_reserve_slots(claims: list[Claimed]) -> list[Claimed]:
             groups[item.context.limiter.name].append(item)
     unreserved: list[Claimed] = []
     for group in groups.values():
-        done = _reserve_group(group)
+        done, slot_in = _reserve_group(group)
         reserved += done
-        unreserved += group[len(done) :]
+        # A call with a cost asks on its own and keeps its place (P5 in docs/limiter.md): a
+        # large one sent back would come back behind the smaller ones every time.
+        unreserved += [
+            replace(item, slot_in=None if item.call.cost else slot_in)
+            for item in group[len(done) :]
+        ]
     return reserved + unreserved
 
 
-def _reserve_group(claims: list[Claimed]) -> list[Claimed]:
-    """Reserve slots for the first of `claims` (all of one limiter); returns those reserved."""
+def calls_slot_too_far(claimed: Claimed) -> Outcome:
+    """The outcome of a claimed call whose next slot is beyond the worker's wait (slot_in):
+    what its own attempt would have recorded, without a thread, a round trip or a request."""
+    decision = slot_too_far(
+        claimed.context.limiter.name, claimed.slot_in, settings.RATEJOBS_MAX_WORKER_WAIT
+    )
+    # as attempt number attempts + 1, which a "wait" does not use up
+    return outcome_without_response(
+        decision, 0.0, claimed.call.attempts + 1, claimed.call.throttled_count
+    )
+
+
+def _reserve_group(claims: list[Claimed]) -> tuple[list[Claimed], float | None]:
+    """Reserve slots for the first of `claims` (all of one limiter); returns those reserved,
+    and how far the next slot is when the batch stopped beyond the worker's wait (None when
+    it did not: the others then ask on their own)."""
     context = claims[0].context
     try:
         batch = context.limiter.acquire_many(
@@ -222,11 +245,13 @@ def _reserve_group(claims: list[Claimed]) -> list[Claimed]:
             wait_for_room=False,
         )
     except LimiterError:  # each call tries again on its own and records why it could not
-        return []
+        return [], None
     except Exception:  # the calls are claimed: they must still run, and record what happens
         logger.exception("limiter %r: could not reserve slots for a batch", context.limiter.name)
-        return []
-    return [replace(item, reserved=grant) for item, grant in zip(claims, batch, strict=False)]
+        return [], None
+    done = [replace(item, reserved=grant) for item, grant in zip(claims, batch, strict=False)]
+    too_far = len(batch) < len(claims) and not batch.at_capacity and batch.retry_after > 0
+    return done, batch.retry_after if too_far else None
 
 
 def api_contexts(api: Api, credential_keys: Iterable[str]) -> dict[str, ApiContext]:

@@ -73,15 +73,16 @@ def capped_window(api: Api, now: datetime) -> int:
     next calls dispatched (twice the cap carried 117 calls/s in bench-jobs where the places
     carry thousands)."""
     cap = api.max_concurrency
-    ended = (
-        JobSecond.objects.filter(
-            job__api_id=api.pk,
-            job__status__in=Job.ACTIVE,
-            at__gte=now - timedelta(seconds=CAPPED_PACE_SECONDS),
-        ).aggregate(calls=Sum("calls"))["calls"]
-        or 0
-    )
-    carried = ended / CAPPED_PACE_SECONDS * settings.RATEJOBS_MAX_WORKER_WAIT
+    recent = JobSecond.objects.filter(
+        job__api_id=api.pk,
+        job__status__in=Job.ACTIVE,
+        at__gte=now - timedelta(seconds=CAPPED_PACE_SECONDS),
+    ).aggregate(calls=Sum("calls"), since=Min("at"))
+    if not recent["calls"]:
+        return 2 * cap
+    # over the seconds the rows cover: a job that started a moment ago ramps up at once
+    seconds = min(CAPPED_PACE_SECONDS, max(1.0, (now - recent["since"]).total_seconds()))
+    carried = recent["calls"] / seconds * settings.RATEJOBS_MAX_WORKER_WAIT
     return max(2 * cap, math.ceil(2 * carried))
 
 

@@ -41,6 +41,7 @@ from ratejobs.services.calls import (
     calls_claim,
     calls_record_outcomes,
     calls_reserve_slots,
+    calls_slot_too_far,
 )
 from ratejobs.worker.places import PlaceQueue
 from ratejobs.worker.pool import CallPool
@@ -122,6 +123,13 @@ class Engine:
                     raise
                 claimed = calls_reserve_slots(claimed)
                 for item in claimed:
+                    if item.slot_in is not None:
+                        # Its slot is beyond the wait: back to the database at once, as its
+                        # attempt would have sent it, without holding a thread to find out.
+                        # A fleet with more threads than an API's rate fills kept thousands
+                        # of such attempts going, each a round trip on a busy CPU.
+                        self._finished.put(Finished(item, calls_slot_too_far(item)))
+                        continue
                     if item.reserved is None and item.call.job.api.max_concurrency:
                         self._places.add(item)  # started once a place is free
                     else:

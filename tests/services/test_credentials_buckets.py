@@ -17,7 +17,14 @@ from ratejobs.models import Call
 from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services import credentials as credential_services
 from ratejobs.services.apis import api_limiter_reset
-from ratejobs.services.calls import call_attempt_by_id, calls_claim, calls_reserve_slots
+from ratejobs.services.calls import (
+    Finished,
+    call_attempt_by_id,
+    calls_claim,
+    calls_record_outcomes,
+    calls_reserve_slots,
+    calls_slot_too_far,
+)
 from ratejobs.services.credentials import credentials_add, key_secrets
 from ratejobs.services.jobs import job_create
 from ratejobs.worker.dispatch import _credential_buckets_running, dispatch_window
@@ -144,3 +151,28 @@ def test_the_dispatch_window_grows_with_the_keys_its_running_calls_use(make_api,
     # expect: three buckets (a, b, c), so three times the API's window
     assert _credential_buckets_running(api.pk) == 3
     assert dispatch_window(api, buckets=3) == 3 * dispatch_window(api)
+
+
+def test_calls_whose_slot_is_beyond_the_wait_go_back_unattempted(make_api, user: Any):
+    # given an API at 5/s, burst 1, and a claim of 12 calls: the worker's wait (1 s) holds the
+    # slots at 0, 0.2, ..., 1.0 s
+    api = make_api(rate=5, burst=1)
+    job = job_create(owner=user, api=api, name="far", calls=[{"path": f"/{i}"} for i in range(12)])
+    Call.objects.filter(job=job).update(dispatched_at=job.created)
+    claims = calls_claim(job_id=job.pk, call_ids=job.calls.values_list("pk", flat=True),
+                         owner="test-owner")  # fmt: skip
+    reserved = calls_reserve_slots(claims)
+    # expect: five or six reserved (the slot at 1.0 s is on the edge); the others know how
+    # far the next slot is, and their outcome is the attempt's own "wait" for it, without an
+    # attempt used
+    far = [item for item in reserved if item.reserved is None]
+    assert len(far) in (6, 7)
+    assert all(0.9 < item.slot_in <= 1.25 for item in far)
+    outcome = calls_slot_too_far(far[0])
+    assert (outcome.kind, outcome.attempts, outcome.sent) == ("wait", 0, False)
+    assert outcome.retry_after == far[0].slot_in
+    assert "beyond max_wait" in outcome.error
+    calls_record_outcomes([Finished(item, calls_slot_too_far(item)) for item in far])
+    back = Call.objects.filter(pk__in=[item.call.pk for item in far])
+    assert {(c.status, c.attempts) for c in back} == {("pending", 0)}
+    assert all(c.next_attempt_at > timezone.now() for c in back)

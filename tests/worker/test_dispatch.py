@@ -266,9 +266,14 @@ def test_a_capped_api_gets_the_calls_its_places_carried_lately(broker, owner, un
     assert capped_window(api, now) == 8
     dispatch_api(api_id=api.pk)
     assert Call.objects.filter(job=job, dispatched_at__isnull=False).count() == 8
-    # and, once its places carried 300 calls in the last seconds, what they carry in twice a
+    # and, once its places carried 300 calls over the last 3 s, what they carry in twice a
     # worker's wait for a place (1 s): 100/s, so 200
-    JobSecond.objects.create(job=job, at=now.replace(microsecond=0), calls=300)
+    second = now.replace(microsecond=0)
+    JobSecond.objects.create(job=job, at=now - timedelta(seconds=3), calls=300)
+    assert capped_window(api, now) == 200
+    # and a job that started within the last second ramps up at once: 100 calls so far are
+    # 100/s, not a third of it
+    JobSecond.objects.filter(job=job).update(at=second, calls=100)
     assert capped_window(api, now) == 200
     # and calls long ago count for nothing
     JobSecond.objects.filter(job=job).update(at=now - timedelta(minutes=5))
