@@ -181,6 +181,9 @@ def run_fleet(
             time.sleep(0.2)
         wall = time.monotonic() - started
         trips = limiter_round_trips(setup.redis) - trips
+        if os.environ.get("BENCH_FLEET_TRACE"):
+            cpu = sum(worker.cpu_seconds() for worker in workers)
+            _progress(f"{name}: worker CPU {cpu:.1f} s in {wall:.1f} s ({os.getloadavg()[0]:.2f})")
     finally:
         for worker in workers:
             worker.stop()
