@@ -30,7 +30,10 @@ from pathlib import Path
 
 import requests
 
-from bench.jobs import PROJECT_ROOT, Setup, Worker, bench_setup, limiter_round_trips
+from bench.jobs import Setup, Worker, bench_setup, limiter_round_trips
+from bench.million import start_web
+from devtools.devredis import free_port
+from devtools.processes import stop_process_group
 
 LIMIT_RATE = 300
 LIMIT_BURST = 10
@@ -91,12 +94,6 @@ class Row:
         return (self.answered / LIMIT_RATE) / self.span if self.span else 0.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_for_port(port: int, process: subprocess.Popen, what: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
     while True:
@@ -123,17 +120,6 @@ def start_nginx(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
     )
     wait_for_port(port, process, "nginx")
     return process, f"http://127.0.0.1:{port}", tmp / "access.log"
-
-
-def start_web(setup: Setup) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "project.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2",
-         "--log-level", "warning"],
-        cwd=PROJECT_ROOT, env=setup.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    wait_for_port(port, process, "gunicorn")
-    return process, f"http://127.0.0.1:{port}"
 
 
 def arrivals(log: Path, since: int) -> list[tuple[float, int]]:
@@ -238,8 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         setup = cleanup.enter_context(bench_setup())
         nginx, api_url, log = start_nginx(setup.tmp)
         cleanup.callback(nginx.terminate)
-        web, web_url = start_web(setup)
-        cleanup.callback(web.terminate)
+        web, web_url = start_web(setup.env, setup.tmp / "web.log")
+        cleanup.callback(stop_process_group, web, 10)
         from rest_framework.authtoken.models import Token
 
         token = Token.objects.create(user=setup.owner).key

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ratejobs.limiter import Limiter, LimiterError
+from ratejobs.limiter.core import MAX_BATCH
 from ratejobs.services.calls import Claimed
 
 logger = logging.getLogger(__name__)
@@ -88,8 +89,8 @@ class PlaceQueue:
         first = batch[0]
         try:
             grants = limiter.acquire_many(
-                min(len(batch), 1000),
-                costs=[item.call.cost for item in batch[:1000]],
+                min(len(batch), MAX_BATCH),
+                costs=[item.call.cost for item in batch[:MAX_BATCH]],
                 max_wait=self._max_wait,
                 lease_seconds=first.context.policy.lease_seconds,
                 wait_for_room=False,
