@@ -86,6 +86,12 @@ def capped_window(api: Api, now: datetime) -> int:
     return max(2 * cap, math.ceil(2 * carried))
 
 
+def slots_within_wait(api: Api, *, buckets: int = 1) -> int:
+    """Slots the API's limiter grants within RATEJOBS_MAX_WORKER_WAIT (each of `buckets`
+    credential keys at the API's rate)."""
+    return math.ceil(api.rate / api.period * buckets * settings.RATEJOBS_MAX_WORKER_WAIT)
+
+
 def calls_per_message(api: Api) -> int:
     """Calls one message carries: at most RATEJOBS_CALLS_PER_MESSAGE, and no more than the
     limiter grants in one worker wait, so one process does not take calls it must park."""
@@ -95,9 +101,8 @@ def calls_per_message(api: Api) -> int:
 
 def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
     """Top up the API's window of calls waiting in the broker with due calls of its running
-    jobs. Calls already running do not count (each worker process holds at most its share of
-    an API's calls, and under an in-flight cap capped_window counts them): the limiter bounds
-    those.
+    jobs. Calls already running count only beyond what the limiter grants within a worker's
+    wait (under an in-flight cap, see capped_window): the limiter bounds the others.
 
     `dispatcher` is the worker process running this (its heartbeat's owner), or "" (beat's
     reconciler). The calls it marks name it: marked in one transaction and sent after its
@@ -114,10 +119,15 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
         in_window = Call.objects.filter(
             job__api_id=api_id, status=Call.Status.PENDING, dispatched_at__isnull=False
         ).count()
-        free = dispatch_window(api, buckets=_credential_buckets_running(api_id)) - in_window
+        buckets = _credential_buckets_running(api_id)
+        free = dispatch_window(api, buckets=buckets) - in_window
+        running = Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING).count()
         if api.max_concurrency:
-            running = Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING).count()
             free = min(free, capped_window(api, now) - running - in_window)
+        else:
+            # Running calls beyond what the limiter grants within a worker's wait only come
+            # back (their slot is further): they take the window's room, as if in the broker.
+            free -= max(0, running - slots_within_wait(api, buckets=buckets))
         if free <= 0:  # the common case while a job runs: no job row is locked for nothing
             return DispatchResult(0, None)
         # Lock the jobs before their calls, in id order, as pause, cancel and recording an
