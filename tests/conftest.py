@@ -22,7 +22,7 @@ from devtools import devredis
 from ratejobs.infra import connections, limiters
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.models import Api, Job
-from ratejobs.namespace import limiter_key_prefix
+from ratejobs.namespace import limiter_key_prefix, redis_key
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
 from tests.before_settings import redis_server
@@ -118,6 +118,18 @@ def redis_url(pytestconfig: pytest.Config) -> str:
     """The run's Redis: REDIS_URL if one answered there, else a private redis-server that the
     settings and every subprocess already follow (tests/before_settings.py)."""
     return redis_server(pytestconfig).url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sweep_lock_left_by_an_earlier_run(redis_url: str) -> None:
+    """A test's engine that took the deployment's sweep lock for long would stop every later
+    run on this database and Redis from taking back a killed worker's calls (the namespace
+    derives from DATABASE_URL): the run starts with none."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        client.delete(redis_key("sweep", "lock"))
+    finally:
+        client.close()
 
 
 @pytest.fixture

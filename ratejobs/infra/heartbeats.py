@@ -51,6 +51,13 @@ def owner_is_dead(now: datetime) -> Q:
     return ~Q(claim_owner__in=alive)
 
 
+def workers_alive(now: datetime) -> int:
+    """Worker processes that sent a heartbeat within RATEJOBS_WORKER_DEAD_AFTER seconds."""
+    return WorkerProcess.objects.filter(
+        seen_at__gte=now - timedelta(seconds=settings.RATEJOBS_WORKER_DEAD_AFTER)
+    ).count()
+
+
 def workers_forget_long_gone(now: datetime) -> int:
     """Drop heartbeats of processes gone for a day: nothing can still hold their claims."""
     return WorkerProcess.objects.filter(seen_at__lt=now - timedelta(days=1)).delete()[0]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import queue
 import sys
@@ -29,9 +30,16 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
+from ratejobs.infra.clock import database_now
 from ratejobs.infra.connections import redis_client
-from ratejobs.infra.heartbeats import process_owner, worker_forget, worker_heartbeat
+from ratejobs.infra.heartbeats import (
+    process_owner,
+    worker_forget,
+    worker_heartbeat,
+    workers_alive,
+)
 from ratejobs.infra.wakeups import request_dispatch
+from ratejobs.models import ApiCredential, Job
 from ratejobs.namespace import redis_key
 from ratejobs.services.calls import (
     Claimed,
@@ -63,6 +71,15 @@ _STOP = object()
 CLAIM_GATHER = 16
 CLAIM_GATHER_SECONDS = 0.02
 GIL_SWITCH_SECONDS = 0.0005
+# A process holds at most its share of an uncapped API's calls: the API's rate divided among
+# the live worker processes, over SHARE_HORIZON_SECONDS plus the API's recent response time,
+# and never fewer than SHARE_MIN calls. More only wait, asleep on reserved slots further and
+# further ahead (2 workers of -c 4 at 300/s held 300 such sleepers, and the processes' cores
+# could not wake them all on time: a tenth of the slots went stale), or are sent back.
+SHARE_HORIZON_SECONDS = 0.25
+SHARE_MIN = 16
+FLEET_CHECK_SECONDS = 5.0
+LATENCY_WEIGHT = 0.1  # of each new response time in the moving average
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,11 @@ class Engine:
         # of threads, it too often is (bench-slow measures the pace this keeps).
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self.pool = CallPool(in_flight)
+        # calls of each uncapped API held (claimed, not finished), and its recent response time
+        self._held = threading.Condition()
+        self._held_by_api: dict[int, int] = {}
+        self._latency_by_api: dict[int, float] = {}
+        self._fleet, self._fleet_checked = 1, -FLEET_CHECK_SECONDS
         self._returns = LeaseReturns()
         self._places = PlaceQueue(self._run, max_wait=settings.RATEJOBS_MAX_WORKER_WAIT)
         self._heartbeat_seconds = heartbeat_seconds
@@ -104,10 +126,13 @@ class Engine:
         self._alive.wait()
         remaining = list(call_ids)
         started: list[Claimed] = []
+        share = self._share(job_id)
         while remaining:
             places = self.pool.reserve(
                 len(remaining), gather=CLAIM_GATHER, gather_seconds=CLAIM_GATHER_SECONDS
             )
+            if share is not None:
+                places = self._within_share(share, places)
             batch, remaining = remaining[:places], remaining[places:]
             handed = 0
             try:
@@ -141,6 +166,8 @@ class Engine:
                 # acknowledge after losing the broker): a place left reserved would hold a
                 # stopping process for ENGINE_STOP_SECONDS, waiting for a call that never runs.
                 self.pool.unreserve(places - handed)
+                if share is not None:
+                    self._release_share(share[0], places - handed)
         return started
 
     def stop(self, timeout: float) -> bool:
@@ -158,11 +185,69 @@ class Engine:
             return True
         return False
 
+    def _share(self, job_id: int) -> tuple[int, int] | None:
+        """(API id, the most calls of it this process holds) for a job of an API without an
+        in-flight cap or credential keys; None for the others (a cap has its own window, and
+        each key's bucket adds the API's rate)."""
+        job = Job.objects.select_related("api").filter(pk=job_id).first()
+        if job is None or job.api.max_concurrency or job.credential_key:
+            return None
+        api = job.api
+        if ApiCredential.objects.filter(api_id=api.pk).exists():
+            return None
+        now = time.monotonic()
+        if now - self._fleet_checked >= FLEET_CHECK_SECONDS:
+            self._fleet = max(1, workers_alive(database_now()))
+            self._fleet_checked = now
+        latency = self._latency_by_api.get(api.pk, 0.0)
+        per_process = api.rate / api.period / self._fleet
+        return api.pk, max(SHARE_MIN, math.ceil(per_process * (SHARE_HORIZON_SECONDS + latency)))
+
+    def _within_share(self, share: tuple[int, int], places: int) -> int:
+        """Of `places` reserved in the pool, keep those within the API's share, waiting for
+        its calls to finish when there is no room; the rest go back to the pool."""
+        api_id, most = share
+        with self._held:
+            while self._held_by_api.get(api_id, 0) >= most:
+                self._held.wait(0.5)
+            # gathered as the pool's places are (CLAIM_GATHER): one claim per call that
+            # finished would cost a statement and a limiter round trip each
+            enough = min(places, most, CLAIM_GATHER)
+            gathered_by = time.monotonic() + CLAIM_GATHER_SECONDS
+            while most - self._held_by_api.get(api_id, 0) < enough:
+                left = gathered_by - time.monotonic()
+                if left <= 0:
+                    break
+                self._held.wait(left)
+            room = min(places, most - self._held_by_api.get(api_id, 0))
+            self._held_by_api[api_id] = self._held_by_api.get(api_id, 0) + room
+        self.pool.unreserve(places - room)
+        return room
+
+    def _release_share(self, api_id: int, calls: int) -> None:
+        if calls > 0:
+            with self._held:
+                self._held_by_api[api_id] -= calls
+                self._held.notify_all()
+
     def _run(self, item: Claimed) -> None:
         self.pool.run(lambda: self._attempt(item))
 
     def _attempt(self, item: Claimed) -> None:
+        try:
+            self._attempt_and_hand_over(item)
+        finally:
+            if item.call.job.api_id in self._held_by_api:
+                self._release_share(item.call.job.api_id, 1)
+
+    def _attempt_and_hand_over(self, item: Claimed) -> None:
         outcome = call_attempt(item)
+        if outcome.result is not None:
+            api_id = item.call.job.api_id
+            before = self._latency_by_api.get(api_id, outcome.result.duration)
+            self._latency_by_api[api_id] = before + LATENCY_WEIGHT * (
+                outcome.result.duration - before
+            )
         if outcome.lease is not None and outcome.lease.leased:
             # a place under an in-flight cap: back now, not once the outcome is written
             self._returns.put(LeaseReturn(item.context.limiter, outcome.lease, outcome.cost_used))

@@ -38,7 +38,7 @@ def test_calls_a_failed_claim_took_go_back_to_the_dispatcher(
     monkeypatch.setattr(engine, "calls_claim", claim_then_lose_the_answer)
     dispatched = []
     monkeypatch.setattr(reconcile, "request_dispatch", dispatched.append)
-    process = engine.Engine(in_flight=4, heartbeat_seconds=0.2, sweep_seconds=3600)
+    process = engine.Engine(in_flight=4, heartbeat_seconds=0.2, sweep_seconds=1)
     try:
         with pytest.raises(OperationalError):
             process.start(job_id=job.pk, call_ids=ids)

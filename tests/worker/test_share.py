@@ -1,0 +1,54 @@
+"""A worker process holds at most its share of an uncapped API's calls: the API's rate divided
+among the live worker processes, over a quarter second plus the API's response time. More
+only sleep on slots further ahead (bench-fleet: 2 workers of -c 4 at 300/s)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ratejobs.infra.heartbeats import worker_heartbeat
+from ratejobs.models import Api, Job
+from ratejobs.worker import engine
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_process_holds_at_most_its_share_and_waits_for_its_calls_to_end(
+    user, unique_name, redis_down
+):
+    # given an API at 300/s and four live worker processes (this one among them); Redis is
+    # unreachable, so the engine's sweep takes no deployment-wide lock that would outlive it
+    api = Api.objects.create(name=unique_name, base_url="https://api.example.com", rate=300)
+    job = Job.objects.create(owner=user, api=api, name="j", status=Job.Status.RUNNING, total=1)
+    process = engine.Engine(in_flight=64, heartbeat_seconds=0.2, sweep_seconds=1)
+    try:
+        process._alive.wait(10)
+        for i in range(3):
+            worker_heartbeat(owner=f"other-host:{1000 + i}:{unique_name}")
+        # expect: its share is 300/4 over a quarter second (no response time yet): 19 calls
+        share = process._share(job.pk)
+        assert share == (api.pk, 19)
+        # and of 64 places it keeps 19, giving the rest back to the pool
+        assert process._within_share(share, process.pool.reserve(64)) == 19
+        assert process.pool.busy == 19
+        # and a claim with the share full waits until its calls end
+        got: list[int] = []
+        waiter = threading.Thread(
+            target=lambda: got.append(process._within_share(share, process.pool.reserve(8)))
+        )
+        waiter.start()
+        time.sleep(0.2)
+        assert got == []
+        process._release_share(api.pk, 5)
+        waiter.join(5)
+        assert got == [5]
+        # and an API with an in-flight cap has no share here (its own window bounds it)
+        api.max_concurrency = 4
+        api.save()
+        assert process._share(job.pk) is None
+    finally:
+        process.pool.unreserve(process.pool.busy)
+        process.stop(timeout=5)
