@@ -146,6 +146,7 @@ def run_fleet(
             workers.append(Worker(setup.env, concurrency, setup.tmp / f"{name}-{i}.log"))
         since = log.stat().st_size if log.exists() else 0
         trips = limiter_round_trips(setup.redis)
+        cpu_before = sum(worker.cpu_seconds() for worker in workers)
         session = requests.Session()
         session.headers["Authorization"] = f"Token {token}"
         started = time.monotonic()
@@ -168,8 +169,11 @@ def run_fleet(
         wall = time.monotonic() - started
         trips = limiter_round_trips(setup.redis) - trips
         if os.environ.get("BENCH_FLEET_TRACE"):
-            cpu = sum(worker.cpu_seconds() for worker in workers)
-            _progress(f"{name}: worker CPU {cpu:.1f} s in {wall:.1f} s ({os.getloadavg()[0]:.2f})")
+            cpu = sum(worker.cpu_seconds() for worker in workers) - cpu_before
+            _progress(
+                f"{name}: worker CPU {cpu:.1f} s in the job's {wall:.1f} s, "
+                f"{cpu / calls * 1000:.2f} ms per call (load {os.getloadavg()[0]:.2f})"
+            )
     finally:
         for worker in workers:
             worker.stop()
