@@ -269,12 +269,19 @@ def test_a_capped_api_gets_the_calls_its_places_carried_lately(broker, owner, un
     # and, once its places carried 300 calls over the last 3 s, what they carry in twice a
     # worker's wait for a place (1 s): 100/s, so 200
     second = now.replace(microsecond=0)
+    Job.objects.filter(pk=job.pk).update(started=now - timedelta(seconds=5))
     JobSecond.objects.create(job=job, at=now - timedelta(seconds=3), calls=300)
     assert capped_window(api, now) == 200
     # and a job that started within the last second ramps up at once: 100 calls so far are
     # 100/s, not a third of it
     JobSecond.objects.filter(job=job).update(at=second, calls=100)
+    Job.objects.filter(pk=job.pk).update(started=second - timedelta(seconds=1))
     assert capped_window(api, now) == 200
+    # and its pace is measured from its start, not from the whole second before it: 100 calls
+    # in the half second since it started are 200/s
+    JobSecond.objects.filter(job=job).update(at=second - timedelta(seconds=2))
+    Job.objects.filter(pk=job.pk).update(started=now - timedelta(seconds=0.5))
+    assert capped_window(api, now) == 400
     # and calls long ago count for nothing
     JobSecond.objects.filter(job=job).update(at=now - timedelta(minutes=5))
     assert capped_window(api, now) == 8

@@ -45,9 +45,12 @@ def test_a_process_holds_at_most_its_share_and_waits_for_its_calls_to_end(
         process._release_share(api.pk, 5)
         waiter.join(5)
         assert got == [5]
-        # and an API with an in-flight cap has no share here (its own window bounds it)
+        # and an API with an in-flight cap has one too, but a job sent with a credential key
+        # has none (each key's bucket adds the API's rate)
         api.max_concurrency = 4
         api.save()
+        assert process._share(job.pk) == (api.pk, 19)
+        Job.objects.filter(pk=job.pk).update(credential_key="second")
         assert process._share(job.pk) is None
     finally:
         process.pool.unreserve(process.pool.busy)
