@@ -7,9 +7,7 @@ import os
 import re
 import threading
 import time
-import uuid
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -262,25 +260,44 @@ Step = RunScript | Sleep | AwaitRelease | Delete | ReadRange
 Steps = Generator[Step, Any, Any]
 
 
-@contextmanager
-def translate_redis_errors(name: str) -> Iterator[None]:
+class _TranslatedRedisErrors:
     """Fail closed: any Redis failure becomes an error, never a grant. A Redis at its
     maxmemory refuses every script as an unreachable one refuses connections: nothing was
-    decided, so the caller waits as it would for a Redis that is down."""
-    try:
-        yield
-    except redis.exceptions.OutOfMemoryError as exc:
-        raise LimiterUnavailable(f"limiter {name!r}: Redis is out of memory: {exc}") from exc
-    except redis.ResponseError as exc:
-        if str(exc).startswith(TOO_BIG_CODE):
-            raise TooBig(f"limiter {name!r}: {str(exc)[len(TOO_BIG_CODE) :]}") from exc
-        raise LimiterError(f"limiter {name!r}: {exc}") from exc
-    except redis.RedisError as exc:
+    decided, so the caller waits as it would for a Redis that is down.
+
+    A class rather than a @contextmanager generator: it wraps every round trip, and a
+    generator's set-up cost a single acquire about 1 µs."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> None:
+        if exc is None or not isinstance(exc, redis.RedisError):
+            return
+        name = self.name
+        if isinstance(exc, redis.exceptions.OutOfMemoryError):
+            raise LimiterUnavailable(f"limiter {name!r}: Redis is out of memory: {exc}") from exc
+        if isinstance(exc, redis.ResponseError):
+            if str(exc).startswith(TOO_BIG_CODE):
+                raise TooBig(f"limiter {name!r}: {str(exc)[len(TOO_BIG_CODE) :]}") from exc
+            raise LimiterError(f"limiter {name!r}: {exc}") from exc
         raise LimiterUnavailable(f"limiter {name!r}: Redis unreachable: {exc}") from exc
 
 
+def translate_redis_errors(name: str) -> _TranslatedRedisErrors:
+    return _TranslatedRedisErrors(name)
+
+
 def new_lease_id() -> str:
-    return uuid.uuid4().hex
+    """128 random bits as 32 hex digits, as uuid4().hex was, at a fifth of its cost."""
+    return os.urandom(16).hex()
 
 
 def _wait_left_us(max_wait: float | None, started: float) -> int:
@@ -471,9 +488,7 @@ class LimiterBase:
                     1 if spare else 0,
                 ],
             )
-            code, wait_us, slot_us, generation, now_us, seq, leased, spare_us = (
-                int(x) for x in reply
-            )
+            code, wait_us, slot_us, generation, now_us, seq, leased, spare_us = map(int, reply)
             received = time.monotonic()
             self._read_clock(now_us, received)
             if seq >= 0:

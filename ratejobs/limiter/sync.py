@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
+from functools import cached_property
 from typing import Any
+
+import redis
+from redis.utils import HIREDIS_AVAILABLE
 
 from ratejobs.limiter.config import LimiterConfig
 from ratejobs.limiter.core import (
@@ -28,6 +35,92 @@ from ratejobs.limiter.core import (
 )
 from ratejobs.limiter.errors import LimiterError, LimiterUnavailable, WaitTooLong
 
+if HIREDIS_AVAILABLE:
+    import hiredis
+
+
+class _HeldConnection:
+    """One connection this process keeps out of a client's pool to run the limiter's scripts
+    on: an EVALSHA written on it and read back costs a fraction of the client CPU of redis-py's
+    generic command path (pool check-out and return, the retry wrapper, response callbacks,
+    its metrics hooks), which was most of a single acquire's (docs/benchmarks.md). One per pool
+    and process, shared by every limiter on that client; a thread that finds it in use takes
+    the generic path instead of waiting."""
+
+    def __init__(self, pool: Any) -> None:
+        self.lock = threading.Lock()
+        self.connection: Any = None
+        self.pid = os.getpid()
+        # redis-py's own packer when hiredis is there (it hands the arguments to
+        # hiredis.pack_command as they are), without its per-argument Python loop.
+        self.hiredis = HIREDIS_AVAILABLE and pool.connection_kwargs.get("command_packer") is None
+
+    def evalsha(self, pool: Any, sha: str, keys: list[str], args: list[Any]) -> Any:
+        """The script's reply, or _GENERIC when the caller must run it on the generic path: the
+        connection is in another thread's hands, the script is not loaded (the generic path
+        loads it), or the connection failed (the generic path applies the client's retries and
+        raises what it raises today; like those retries, it may run a script whose reply was
+        lost a second time)."""
+        if not self.lock.acquire(blocking=False):
+            return _GENERIC
+        try:
+            connection = self.connection
+            if connection is None or self.pid != os.getpid():
+                # The first use, or a forked child whose hook did not run: never the parent's.
+                connection = self.connection = pool.get_connection()
+                self.pid = os.getpid()
+            command = ("EVALSHA", sha, len(keys), *keys, *args)
+            if self.hiredis:
+                connection.send_packed_command([hiredis.pack_command(command)])
+            else:
+                connection.send_packed_command(connection.pack_command(*command))
+            return connection.read_response()
+        except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoScriptError):
+            # redis-py disconnected it on a connection error; the next send reconnects.
+            return _GENERIC
+        finally:
+            self.lock.release()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's socket is not ours to use (redis-py's pool starts
+        afresh there too), nor is a lock another thread of the parent held."""
+        self.lock = threading.Lock()
+        self.connection = None
+        self.pid = os.getpid()
+
+
+_GENERIC = object()
+_HELD: weakref.WeakKeyDictionary[Any, _HeldConnection] = weakref.WeakKeyDictionary()
+_HELD_GUARD = threading.Lock()
+
+
+def _forget_held_connections() -> None:
+    for held in list(_HELD.values()):
+        held.forget()
+
+
+os.register_at_fork(after_in_child=_forget_held_connections)
+
+
+def _held_connection(client: Any) -> _HeldConnection | None:
+    """The connection kept for `client`'s pool, or None where the generic path stays: Redis
+    Cluster (a client per node), a single-connection client, a pool with a client-side cache,
+    and a BlockingConnectionPool, whose users would wait for the place it takes."""
+    pool = getattr(client, "connection_pool", None)
+    if (
+        not isinstance(client, redis.Redis)
+        or client.connection is not None
+        or not isinstance(pool, redis.ConnectionPool)
+        or isinstance(pool, redis.BlockingConnectionPool)
+        or getattr(pool, "cache", None) is not None
+    ):
+        return None
+    with _HELD_GUARD:
+        held = _HELD.get(pool)
+        if held is None:
+            held = _HELD[pool] = _HeldConnection(pool)
+        return held
+
 
 class Limiter(LimiterBase):
     """One API's shared limiter on a `redis.Redis` (or `RedisCluster`) client.
@@ -36,6 +129,10 @@ class Limiter(LimiterBase):
     the same name share one pace, one block and one in-flight cap. When Redis cannot be reached
     every method raises LimiterUnavailable: nothing may be sent.
     """
+
+    @cached_property
+    def _held(self) -> _HeldConnection | None:
+        return _held_connection(self.client)
 
     def configure(self, config: LimiterConfig) -> bool:
         """Store limits; they apply from the next grant. Returns whether anything changed."""
@@ -70,6 +167,8 @@ class Limiter(LimiterBase):
             raise
 
     def release(self, grant: Grant) -> bool:
+        if not grant.leased:
+            return False  # no in-flight cap, no lease (L1): skip even the steps' set-up
         return self._run(self._release_grant_steps(grant))
 
     def acquire_many(
@@ -225,7 +324,14 @@ class Limiter(LimiterBase):
         self.round_trips += 1
         with translate_redis_errors(self.name):
             if isinstance(step, RunScript):
-                return self._scripts[step.name](keys=step.keys, args=step.args)
+                script = self._scripts[step.name]
+                if self._held is not None:
+                    reply = self._held.evalsha(
+                        self.client.connection_pool, script.sha, step.keys, step.args
+                    )
+                    if reply is not _GENERIC:
+                        return reply
+                return script(keys=step.keys, args=step.args)
             if isinstance(step, AwaitRelease):
                 return self.client.blpop([step.key], timeout=step.seconds)
             if isinstance(step, Delete):
