@@ -82,16 +82,15 @@ def capped_window(api: Api, now: datetime) -> int:
     ).aggregate(calls=Sum("calls"), since=Min("at"), started=Min("job__started"))
     if not recent["calls"]:
         return 2 * cap
-    # Over the seconds the rows cover (a job that started a moment ago ramps up at once), or,
-    # when the jobs started after the first of them, since their start: counted over a whole
-    # second, the first calls of a new job looked up to four times slower than they were, and
-    # its first second carried 40 % of the API's rate at a cap of 16 (bench-fleet).
+    # Over the seconds the rows cover or, when the jobs started within them, since their start
+    # (none of their calls ended before it): counted over at least a whole second, a new job's
+    # first calls looked up to four times slower than they were, and its first second
+    # carried 40 % of the API's rate at a cap of 16 (bench-fleet).
     started = recent["started"]
-    if started is not None and started > recent["since"]:
+    if started is not None and started > now - timedelta(seconds=CAPPED_PACE_SECONDS):
         seconds = max(CAPPED_RAMP_SECONDS, (now - started).total_seconds())
     else:
-        seconds = max(1.0, (now - recent["since"]).total_seconds())
-    seconds = min(CAPPED_PACE_SECONDS, seconds)
+        seconds = min(CAPPED_PACE_SECONDS, max(1.0, (now - recent["since"]).total_seconds()))
     carried = recent["calls"] / seconds * settings.RATEJOBS_MAX_WORKER_WAIT
     return max(2 * cap, math.ceil(2 * carried))
 

@@ -84,6 +84,9 @@ SHARE_HORIZON_SECONDS = 0.25
 SHARE_MIN = 16
 FLEET_CHECK_SECONDS = 5.0
 LATENCY_WEIGHT = 0.1  # of each new response time in the moving average
+# An API's response time until its first response is in: a share sized for a fast API would
+# hold a slow one's first second to a fraction of its rate (bench-slow, 1 s responses).
+LATENCY_UNKNOWN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,7 @@ class Engine:
         if now - self._fleet_checked >= FLEET_CHECK_SECONDS:
             self._fleet = max(1, workers_alive(database_now()))
             self._fleet_checked = now
-        latency = self._latency_by_api.get(api.pk, 0.0)
+        latency = self._latency_by_api.get(api.pk, LATENCY_UNKNOWN_SECONDS)
         per_process = api.rate / api.period / self._fleet
         return api.pk, max(SHARE_MIN, math.ceil(per_process * (SHARE_HORIZON_SECONDS + latency)))
 

@@ -272,14 +272,13 @@ def test_a_capped_api_gets_the_calls_its_places_carried_lately(broker, owner, un
     Job.objects.filter(pk=job.pk).update(started=now - timedelta(seconds=5))
     JobSecond.objects.create(job=job, at=now - timedelta(seconds=3), calls=300)
     assert capped_window(api, now) == 200
-    # and a job that started within the last second ramps up at once: 100 calls so far are
-    # 100/s, not a third of it
+    # and a job that started a second ago ramps up at once: 100 calls so far are 100/s, not a
+    # third of it
     JobSecond.objects.filter(job=job).update(at=second, calls=100)
-    Job.objects.filter(pk=job.pk).update(started=second - timedelta(seconds=1))
+    Job.objects.filter(pk=job.pk).update(started=now - timedelta(seconds=1))
     assert capped_window(api, now) == 200
-    # and its pace is measured from its start, not from the whole second before it: 100 calls
-    # in the half second since it started are 200/s
-    JobSecond.objects.filter(job=job).update(at=second - timedelta(seconds=2))
+    # and one that started half a second ago is measured from its start, not over a whole
+    # second: 100 calls are 200/s
     Job.objects.filter(pk=job.pk).update(started=now - timedelta(seconds=0.5))
     assert capped_window(api, now) == 400
     # and calls long ago count for nothing
