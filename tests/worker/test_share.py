@@ -54,6 +54,10 @@ def test_a_process_holds_at_most_its_share_and_waits_for_its_calls_to_end(
         api.max_concurrency = 4
         api.save()
         assert process._share(job.pk) == (api.pk, 19)
+        # and an adaptive API has none (its rate moves under the share)
+        Api.objects.filter(pk=api.pk).update(adaptive=True)
+        assert process._share(job.pk) is None
+        Api.objects.filter(pk=api.pk).update(adaptive=False)
         Job.objects.filter(pk=job.pk).update(credential_key="second")
         assert process._share(job.pk) is None
     finally:
