@@ -72,6 +72,8 @@ class Claimed:
     # Seconds to the next slot when it is beyond RATEJOBS_MAX_WORKER_WAIT (the claim's batch
     # stopped there): the call is not started but goes back, due when the slot would come.
     slot_in: float | None = None
+    # Counted in this process's share of its API (the worker engine's): given back when it ends.
+    in_share: bool = False
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ _STOP = object()
 CLAIM_GATHER = 16
 CLAIM_GATHER_SECONDS = 0.02
 GIL_SWITCH_SECONDS = 0.0005
-# A process holds at most its share of an uncapped API's calls: the API's rate divided among
+# A process holds at most its share of an API's calls: the API's rate divided among
 # the live worker processes, over SHARE_HORIZON_SECONDS plus the API's recent response time,
 # and never fewer than SHARE_MIN calls. More only wait, asleep on reserved slots further and
 # further ahead (2 workers of -c 4 at 300/s held 300 such sleepers, and the processes' cores
@@ -105,7 +105,7 @@ class Engine:
         # of threads, it too often is (bench-slow measures the pace this keeps).
         sys.setswitchinterval(GIL_SWITCH_SECONDS)
         self.pool = CallPool(in_flight)
-        # calls of each uncapped API held (claimed, not finished), and its recent response time
+        # calls of each API with a share held (claimed, not finished), and its response time
         self._held = threading.Condition()
         self._held_by_api: dict[int, int] = {}
         self._latency_by_api: dict[int, float] = {}
@@ -162,6 +162,8 @@ class Engine:
                         # of such attempts going, each a round trip on a busy CPU.
                         self._finished.put(Finished(item, calls_slot_too_far(item)))
                         continue
+                    if share is not None:
+                        item = replace(item, in_share=True)
                     if item.reserved is None and item.call.job.api.max_concurrency:
                         self._places.add(item)  # started once a place is free
                     else:
@@ -250,7 +252,7 @@ class Engine:
         try:
             self._attempt_and_hand_over(item)
         finally:
-            if item.call.job.api_id in self._held_by_api:
+            if item.in_share:
                 self._release_share(item.call.job.api_id, 1)
 
     def _attempt_and_hand_over(self, item: Claimed) -> None:

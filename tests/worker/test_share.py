@@ -1,16 +1,19 @@
-"""A worker process holds at most its share of an uncapped API's calls: the API's rate divided
-among the live worker processes, over a quarter second plus the API's response time. More
-only sleep on slots further ahead (bench-fleet: 2 workers of -c 4 at 300/s)."""
+"""A worker process holds at most its share of an API's calls (unless adaptive or sent with a
+credential key): the API's rate divided among the live worker processes, over a quarter second
+plus the API's response time. More only sleep on slots further ahead (bench-fleet: 2 workers of
+-c 4 at 300/s)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from ratejobs.infra.heartbeats import worker_heartbeat
 from ratejobs.models import Api, Job
+from ratejobs.services.calls import Claimed
 from ratejobs.worker import engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,4 +65,26 @@ def test_a_process_holds_at_most_its_share_and_waits_for_its_calls_to_end(
         assert process._share(job.pk) is None
     finally:
         process.pool.unreserve(process.pool.busy)
+        process.stop(timeout=5)
+
+
+def test_only_a_call_counted_in_the_share_gives_a_place_of_it_back(
+    user, unique_name, redis_down, monkeypatch
+):
+    # given an API whose share holds 3 calls of this process, and a call of the same API sent
+    # with a credential key (no share: each key's bucket adds the API's rate)
+    api = Api.objects.create(name=unique_name, base_url="https://api.example.com", rate=300)
+    process = engine.Engine(in_flight=8, heartbeat_seconds=0.2, sweep_seconds=1)
+    try:
+        process._alive.wait(10)
+        process._held_by_api[api.pk] = 3
+        monkeypatch.setattr(process, "_attempt_and_hand_over", lambda item: None)
+        call = SimpleNamespace(job=SimpleNamespace(api_id=api.pk, api=api))
+        # when it ends, then one counted in the share ends
+        process._attempt(Claimed(call, "t1", SimpleNamespace()))
+        assert process._held_by_api[api.pk] == 3
+        process._attempt(Claimed(call, "t2", SimpleNamespace(), in_share=True))
+        # expect: only the second gave its place back
+        assert process._held_by_api[api.pk] == 2
+    finally:
         process.stop(timeout=5)
