@@ -20,12 +20,13 @@ HTTP_TIMEOUT_S = 10.0
 
 @dataclass(frozen=True)
 class DriveResult:
-    """What a run sent: successes in order of time.monotonic() and the 429s it got."""
+    """What a run sent: successes and 429s in order of time.monotonic()."""
 
     calls: int
     throttled: int
     started: float
     succeeded_at: tuple[float, ...] = field(repr=False)
+    throttled_at: tuple[float, ...] = field(default=(), repr=False)
 
     @property
     def seconds(self) -> float:
@@ -42,6 +43,11 @@ class DriveResult:
         since = self.started if first == 0 else self.succeeded_at[first - 1]
         return (self.calls - first) / (self.succeeded_at[-1] - since)
 
+    def after_last_throttle(self) -> int:
+        """How many successes came after the last 429 (all of them when there was none)."""
+        last = max(self.throttled_at, default=float("-inf"))
+        return sum(1 for at in self.succeeded_at if at > last)
+
 
 def drive(
     make_limiter: Callable[[], Limiter],
@@ -55,7 +61,7 @@ def drive(
     todo = list(range(calls))
     lock = threading.Lock()
     succeeded: list[float] = []
-    throttled = [0]
+    throttled_at: list[float] = []
     errors: list[BaseException] = []
     barrier = threading.Barrier(threads + 1)
 
@@ -78,7 +84,7 @@ def drive(
                         limiter.release(grant)
                     with lock:
                         if response.status_code == 429:
-                            throttled[0] += 1
+                            throttled_at.append(time.monotonic())
                             todo.append(call)
                         else:
                             succeeded.append(time.monotonic())
@@ -96,7 +102,8 @@ def drive(
         raise errors[0]
     return DriveResult(
         calls=len(succeeded),
-        throttled=throttled[0],
+        throttled=len(throttled_at),
         started=started,
         succeeded_at=tuple(sorted(succeeded)),
+        throttled_at=tuple(sorted(throttled_at)),
     )

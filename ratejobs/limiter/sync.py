@@ -365,6 +365,19 @@ class Limiter(LimiterBase):
         except StopIteration as done:
             return done.value
 
+    def _call_function_generic(self, step: RunScript) -> Any:
+        """The script as a function on the generic path (its connection was in another
+        thread's hands), once this Redis is known to have the library; _GENERIC when it has
+        been forgotten since (EVALSHA then, and the held connection loads it again)."""
+        try:
+            return self.client.fcall(
+                FUNCTION_NAMES[step.name], len(step.keys), *step.keys, *step.args
+            )
+        except redis.ResponseError as error:
+            if not _function_missing(error):
+                raise
+            return _GENERIC
+
     def _perform(self, step: Any) -> Any:
         if isinstance(step, Sleep):
             time.sleep(step.seconds)
@@ -379,6 +392,10 @@ class Limiter(LimiterBase):
                     )
                     if reply is not _GENERIC:
                         return reply
+                    if self._held.functions:
+                        reply = self._call_function_generic(step)
+                        if reply is not _GENERIC:
+                            return reply
                 return script(keys=step.keys, args=step.args)
             if isinstance(step, AwaitRelease):
                 return self.client.blpop([step.key], timeout=step.seconds)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,29 @@ def test_scripts_run_as_functions_of_one_library_loaded_once(server):
     assert sum(limiter.round_trips for limiter in limiters) == 33
     assert script_calls(client) == {"fcall": 33 + 1, "evalsha": 0}
     assert limiters[0]._held.functions is True
+
+
+def test_threads_that_find_the_held_connection_busy_call_the_functions_too(server):
+    client = redis.Redis.from_url(server.url)
+    if not functions_supported(client):
+        pytest.skip("this Redis has no functions (before 7.0)")
+    limiter = Limiter(client, "threads", FAST)
+    limiter.acquire()  # the library is loaded
+    limiters = [Limiter(client, "threads", FAST) for _ in range(4)]
+    client.config_resetstat()
+
+    def take(limiter: Limiter) -> None:
+        for _ in range(200):
+            limiter.acquire()
+
+    threads = [threading.Thread(target=take, args=(limiter,)) for limiter in limiters]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    # expect: every script a function call, on the held connection or beside it
+    calls = script_calls(client)
+    assert calls == {"fcall": sum(limiter.round_trips for limiter in limiters), "evalsha": 0}
 
 
 def test_a_flushed_script_and_library_are_loaded_again(server):
