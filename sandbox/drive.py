@@ -23,10 +23,13 @@ class DriveResult:
     """What a run sent: successes and 429s in order of time.monotonic()."""
 
     calls: int
-    throttled: int
     started: float
     succeeded_at: tuple[float, ...] = field(repr=False)
     throttled_at: tuple[float, ...] = field(default=(), repr=False)
+
+    @property
+    def throttled(self) -> int:
+        return len(self.throttled_at)
 
     @property
     def seconds(self) -> float:
@@ -102,7 +105,6 @@ def drive(
         raise errors[0]
     return DriveResult(
         calls=len(succeeded),
-        throttled=len(throttled_at),
         started=started,
         succeeded_at=tuple(sorted(succeeded)),
         throttled_at=tuple(sorted(throttled_at)),

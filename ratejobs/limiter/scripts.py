@@ -100,7 +100,7 @@ _SCRIPTS_ONLY = "if redis.replicate_commands then\n  pcall(redis.replicate_comma
 def _function_library(bodies: dict[str, str]) -> tuple[str, dict[str, str]]:
     """The library text for FUNCTION LOAD, and each script's function name in it.
 
-    A script run by EVALSHA runs its library's definitions again at every call (about a third of
+    A script run by EVALSHA runs its library's definitions again at every call (about a fifth of
     an acquire's Redis time); a function library runs them once, when it is loaded. Names carry a
     digest of the code: function names are global in a Redis, and during a rolling upgrade the
     workers of each version call their own."""
