@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ratejobs.execution.cost import cost_from_response
+from ratejobs.limiter import headers as headers_module
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.limiter.headers import (
     MAX_DELAY_SECONDS,
@@ -22,6 +23,7 @@ from ratejobs.limiter.headers import (
     parse_retry_after,
     throttle_delay,
 )
+from ratejobs.limiter.headers.values import normalise
 
 # Our clock (the limiter's, Redis TIME) in every test: Tue, 14 Nov 2023 22:13:20 GMT.
 NOW = 1_700_000_000.0
@@ -1044,3 +1046,33 @@ def test_no_header_value_of_any_dialect_raises_or_gives_an_unusable_number(diale
                 cost_headers, body, header="X-Cost", json_field="usage.tokens"
             )
             assert cost is None or 0 <= cost <= MAX_COST
+
+
+# --- Responses that name no rate-limit field -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "Retry-After",
+        "RateLimit",
+        "RateLimit-Policy",
+        "RateLimit-Remaining",
+        "X-RateLimit-Remaining",
+        "X-Rate-Limit-Remaining",
+        "X-RateLimit-Remaining-Tokens",
+        "anthropic-ratelimit-requests-remaining",
+        "X-Shopify-Shop-Api-Call-Limit",
+        "X-HubSpot-RateLimit-Remaining",
+        "Sforce-Limit-Info",
+    ],
+)
+def test_every_family_field_passes_the_quick_test_for_hints(field):
+    # throttle_delay and parse_quota answer None at once for a response without such a field
+    assert headers_module._may_hint(normalise({field: "1"}))
+
+
+def test_a_response_naming_no_rate_limit_field_says_nothing():
+    plain = {"Date": "Wed, 21 Oct 2015 07:28:00 GMT", "Content-Type": "text/plain", "Server": "x"}
+    assert throttle_delay(429, plain, now=0.0) is None
+    assert parse_quota(plain, now=0.0) is None
