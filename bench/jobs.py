@@ -1,13 +1,18 @@
 """End-to-end ceiling of ratejobs against a sandbox with no limit, next to a bare Celery
 baseline run by the same worker in the same run; prints one markdown table.
 
-    python -m bench.jobs [--calls N] [--workers C] [--quick] [--only plain|cap|cost|bare]
+    python -m bench.jobs [--calls N] [--workers C] [--rounds R] [--quick]
+                         [--only plain|cap|cost|bare]
 
 One `celery -A project worker -c C` (prefork) runs every row: ratejobs jobs of N GET calls each
 (job_create, the dispatcher's bounded window, attempt_call through the shared limiter, the
 result recorded on the call) on a plain API, on one with an in-flight cap of 16, and on one
 with a window of tokens whose every call settles its real cost; then N `.delay()`ed bare tasks
-(bench/bare_tasks.py: one GET with requests, one row UPDATE). Everything is bench-only and
+(bench/bare_tasks.py: one GET with requests, one row UPDATE). The ratejobs rows run R rounds,
+one row after the other in each, and each prints its median round with its share of the plain
+row's calls/s in the same round (the median of the rounds' shares): on a shared 2-core machine
+one run's calls/s moved by a fifth between runs minutes apart, a round's rows by much less.
+Everything is bench-only and
 removed at the end: a SQLite file in a temporary directory (or, when DATABASE_URL is set, a
 database named after it with `_bench` appended on the same server), Redis database 15 of the
 server at REDIS_URL (or a private redis-server when nothing answers there), the sandbox and the
@@ -22,6 +27,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,7 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -44,6 +50,7 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CALLS = 10_000
 QUICK_CALLS = 1_000
 DEFAULT_WORKERS = 2
+DEFAULT_ROUNDS = 3
 SETTINGS_MODULE = "project.settings.base"
 # The run purges the `celery` queue and deletes its keys: it gets a Redis database of its own
 # on the server, so the tests' and the demo's queue and limiters in database 0 are left alone.
@@ -94,6 +101,7 @@ class Row:
     peak_messages: int
     arrivals: int
     notes: str
+    of_plain: float | None = None  # this row's calls/s over the plain row's, same round(s)
 
     @property
     def per_second(self) -> float:
@@ -410,16 +418,35 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+def median_row(rounds: list[dict[str, Row]], name: str) -> Row:
+    """Row `name` of its median round (by calls/s), with the median of its rounds' shares of
+    the plain row's calls/s and every round's calls/s in its notes."""
+    ranked = sorted((round_[name] for round_ in rounds), key=lambda row: row.per_second)
+    row = ranked[(len(ranked) - 1) // 2]
+    of_plain = None
+    if all("plain" in round_ for round_ in rounds):
+        of_plain = statistics.median(
+            round_[name].per_second / round_["plain"].per_second for round_ in rounds
+        )
+    if len(rounds) > 1:
+        each = ", ".join(f"{round_[name].per_second:,.0f}" for round_ in rounds)
+        notes = f"median of {len(rounds)} rounds (calls/s {each}); {row.notes}"
+        row = replace(row, notes=notes)
+    return replace(row, of_plain=of_plain)
+
+
 def render(rows: Sequence[Row], about: str) -> str:
     lines = [
-        "| system | calls | workers (processes) | wall time s | calls/s | "
+        "| system | calls | workers (processes) | wall time s | calls/s | of plain | "
         "broker messages at peak | arrivals at sandbox | notes |",
-        "|---|--:|--:|--:|--:|--:|--:|---|",
+        "|---|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for row in rows:
+        of_plain = "" if row.of_plain is None else f"{row.of_plain:.2f}"
         lines.append(
             f"| {row.system} | {row.calls:,} | {row.workers} | {row.wall:.2f} | "
-            f"{row.per_second:,.0f} | {row.peak_messages:,} | {row.arrivals:,} | {row.notes} |"
+            f"{row.per_second:,.0f} | {of_plain} | {row.peak_messages:,} | {row.arrivals:,} | "
+            f"{row.notes} |"
         )
     return "\n".join([*lines, "", about])
 
@@ -493,7 +520,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--workers", type=int, default=DEFAULT_WORKERS, help="worker processes (-c of one worker)"
     )
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK_CALLS:,} calls")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help=f"rounds of the ratejobs rows, default {DEFAULT_ROUNDS} (1 with --quick)",
+    )
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_CALLS:,} calls, 1 round")
     parser.add_argument(
         "--only",
         choices=[*VARIANTS, "bare"],
@@ -503,8 +536,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.only = args.only or [*VARIANTS, "bare"]
     args.calls = args.calls or (QUICK_CALLS if args.quick else DEFAULT_CALLS)
-    if args.calls < 1 or args.workers < 1:
-        parser.error("--calls and --workers must be positive")
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else DEFAULT_ROUNDS
+    if args.calls < 1 or args.workers < 1 or args.rounds < 1:
+        parser.error("--calls, --workers and --rounds must be positive")
     return args
 
 
@@ -588,9 +623,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker = Worker(setup.env, args.workers, setup.tmp / "worker.log")
         cleanup.callback(worker.stop)
         ctx = Context(args.calls, args.workers, worker, sandbox, setup.redis, setup.owner)
-        rows = [run_ratejobs(ctx, VARIANTS[name]) for name in VARIANTS if name in args.only]
+        names = [name for name in VARIANTS if name in args.only]
+        rounds = [
+            {name: run_ratejobs(ctx, VARIANTS[name]) for name in names} for _ in range(args.rounds)
+        ]
+        rows = [median_row(rounds, name) for name in names]
         if "bare" in args.only:
-            rows.append(run_bare(ctx))
+            bare = run_bare(ctx)
+            if "plain" in names:
+                plain = statistics.median(row["plain"].per_second for row in rounds)
+                bare = replace(bare, of_plain=bare.per_second / plain)
+            rows.append(bare)
         about = (
             f"One `celery -A project worker -c {args.workers} -P prefork` ran both, one after the "
             'other; sandbox `no_limit=True, headers="none"` in its own process; ' + setup.about
