@@ -140,6 +140,13 @@ def test_learning_in_the_scripts_agrees_with_the_reference_model(make_limiter, r
     time.sleep(1.2)
     take_grants_for(0.3)
     throttle()
+    # (on a loaded machine a span can hold too few grants to measure: a full run of the suite
+    # ended here with nothing learned yet, model and scripts agreeing; more spans then)
+    for _ in range(5):
+        if model.learned is not None:
+            break
+        take_grants_for(0.3)
+        throttle()
     # expect: the same rates after every throttle, and the same learned limit, measured
     assert model.learned is not None
     assert limiter.state().learned_rate == pytest.approx(model.learned, rel=1e-12)
