@@ -53,6 +53,8 @@ class Contender:
     build: Callable[[str, str, int, bool], Gate]  # (redis url, key prefix, rate, high)
     # parent-side set-up, once a run: (redis url, key prefix, rate, high)
     prepare: Callable[[str, str, int, bool], None] | None = None
+    # False for a gate that enforces nothing (the floor): it runs only the unlimited run
+    limits: bool = True
 
 
 class _SyncGate:
@@ -148,6 +150,25 @@ class OursBatchGate(_SyncGate):
         if self.sent:
             self.limiter.release_many(self.sent)
             self.sent = []
+
+
+# -- the floor -----------------------------------------------------------------------------
+
+
+class FloorGate(_SyncGate):
+    """Not a limiter: one round trip to a Lua script that returns at once. No limiter that asks
+    Redis once per grant can grant faster from these processes, on this machine, than this."""
+
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url)
+        self.script = self.client.register_script("return 1")
+
+    def connect(self) -> None:
+        super().connect()
+        self.script()  # loaded into Redis's script cache before the start, as ours is
+
+    def acquire(self) -> None:
+        self.script()
 
 
 # -- Celery rate_limit --------------------------------------------------------------------
@@ -337,5 +358,15 @@ CONTENDERS: tuple[Contender, ...] = (
         "AsyncLimiter(rate, 1) in each process, `await acquire()`; leaky bucket whose capacity is "
         "the whole rate, so each process may burst `rate` at once",
         lambda url, prefix, rate, high: AioGate(rate),
+    ),
+    Contender(
+        "floor",
+        "floor: one round trip to a script that returns at once (no limit)",
+        True,
+        "EVALSHA of `return 1` per acquire, on the same client as the others: what any limiter "
+        "that asks Redis once per grant can at most reach from these processes on this "
+        "machine; it limits nothing, so it has no limited run",
+        lambda url, prefix, rate, high: FloorGate(url),
+        limits=False,
     ),
 )

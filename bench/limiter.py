@@ -94,13 +94,20 @@ class Run:
 
 
 @dataclass(frozen=True)
-class Row:
-    contender: Contender
-    rate: int
+class Limited:
+    """What the run at the configured rate showed: how well the limit held."""
+
     achieved: float
     worst_window: int
     worst_short_window: int
-    round_trips_limited: float
+    round_trips: float
+
+
+@dataclass(frozen=True)
+class Row:
+    contender: Contender
+    rate: int
+    limited: Limited | None  # None for the floor, which limits nothing
     round_trips_unlimited: float
     latency_p50: float
     latency_p99: float
@@ -162,19 +169,23 @@ def _warm_up(contender: Contender, url: str, prefix: str, rate: int, high: bool)
 
 
 def bench_contender(contender: Contender, settings: Settings, prefix: str) -> Row:
-    _progress(f"{contender.key}: {settings.rate}/s for {settings.seconds:g} s")
-    limited = run_processes(contender, settings, f"{prefix}:limited", settings.rate, False)
+    limited = None
+    if contender.limits:
+        _progress(f"{contender.key}: {settings.rate}/s for {settings.seconds:g} s")
+        run = run_processes(contender, settings, f"{prefix}:limited", settings.rate, False)
+        limited = Limited(
+            achieved=run.grants_per_second(),
+            worst_window=worst_window(run.grant_times, WINDOW_SECONDS),
+            worst_short_window=worst_window(run.grant_times, SHORT_WINDOW_SECONDS),
+            round_trips=run.round_trips_per_grant,
+        )
     _progress(f"{contender.key}: {HIGH_RATE:,}/s for {settings.seconds:g} s")
     unlimited = run_processes(contender, settings, f"{prefix}:unlimited", HIGH_RATE, True)
-    times = limited.grant_times
     p50, p99 = unlimited.latency_percentiles()
     return Row(
         contender=contender,
         rate=settings.rate,
-        achieved=limited.grants_per_second(),
-        worst_window=worst_window(times, WINDOW_SECONDS),
-        worst_short_window=worst_window(times, SHORT_WINDOW_SECONDS),
-        round_trips_limited=limited.round_trips_per_grant,
+        limited=limited,
         round_trips_unlimited=unlimited.round_trips_per_grant,
         latency_p50=p50,
         latency_p99=p99,
@@ -197,15 +208,25 @@ def render(rows: Sequence[Row], settings: Settings, redis_version: str, load: fl
         f"max grants/s (limit {HIGH_RATE:,}/s) |",
         "|---|---|--:|--:|--:|--:|--:|--:|",
     ]
+    floor = next((row for row in rows if row.limited is None), None)
     for row in rows:
         scope = "shared" if row.contender.shared else "per process"
+        limited = row.limited
+        if limited is None:
+            held = "none | — | — | — | —"
+        else:
+            held = (
+                f"{row.rate}/s {scope} | {limited.achieved:.1f} | "
+                f"{_against(limited.worst_window, long_bound)} | "
+                f"{_against(limited.worst_short_window, short_bound)} | "
+                f"{limited.round_trips:.2f}"
+            )
+        most = f"{row.max_grants_per_second:,.0f}"
+        if floor is not None and row is not floor and floor.max_grants_per_second > 0:
+            most += f" ({row.max_grants_per_second / floor.max_grants_per_second:.2f} of floor)"
         lines.append(
-            f"| {row.contender.label} | {row.rate}/s {scope} | {row.achieved:.1f} | "
-            f"{_against(row.worst_window, long_bound)} | "
-            f"{_against(row.worst_short_window, short_bound)} | "
-            f"{row.round_trips_limited:.2f} / {row.round_trips_unlimited:.2f} | "
-            f"{_micros(row.latency_p50)} / {_micros(row.latency_p99)} | "
-            f"{row.max_grants_per_second:,.0f} |"
+            f"| {row.contender.label} | {held} / {row.round_trips_unlimited:.2f} | "
+            f"{_micros(row.latency_p50)} / {_micros(row.latency_p99)} | {most} |"
         )
     lines += [
         "",
@@ -225,7 +246,8 @@ def render(rows: Sequence[Row], settings: Settings, redis_version: str, load: fl
         "and Lua scripts loaded before the start. Local libraries make none.",
         f"- *acquire p50 / p99* and *max grants/s*: the unlimited run (limit {HIGH_RATE:,}/s), "
         "where nobody has to wait: the duration of one acquire call, and grants per second "
-        f"from {settings.processes} processes sharing the cores with Redis.",
+        f"from {settings.processes} processes sharing the cores with Redis; *of floor*: that "
+        "figure over the floor row's, when it ran.",
     ]
     lines += [f"- {row.contender.label}: {row.contender.note}." for row in rows]
     return "\n".join(lines)
