@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from dataclasses import dataclass
 
 import hypothesis.strategies as st
@@ -42,7 +43,6 @@ local fn = {
   learning_phase = learning_phase,
   after_throttle = after_throttle,
   signal_changes = signal_changes,
-  refund_shifts = refund_shifts,
   shifted_window = shifted_window,
 }
 return cjson.encode(exact({fn[ARGV[1]](unpack(args))}))
@@ -245,31 +245,100 @@ def test_a_signal_changes_what_the_model_says(
         assert late == model.learn_base_late >= late_before
 
 
+# give_back on a real history key: the windows' schedules after it, then the history.
+GIVE_BACK = """
+local cfg = {windows = cjson.decode(ARGV[1])}
+local st = {w = cjson.decode(ARGV[2])}
+give_back(KEYS[1], cfg, st, cjson.decode(ARGV[3]))
+local w = {}
+for i, x in ipairs(st.w) do
+  w[i] = {as_string(x.tat), as_string(x.granted)}
+end
+return {cjson.encode(w), redis.call('ZRANGE', KEYS[1], 0, -1)}
+"""
+
+
+@pytest.fixture(scope="module")
+def give_back(redis_url: str):
+    client = redis.Redis.from_url(redis_url)
+    yield client, client.register_script(PRELUDE + "\n" + GIVE_BACK)
+    client.close()
+
+
+def _give_back_one_at_a_time(windows, schedules, history, refunds):
+    """The rule, refund by refund, newest reservation first: each gives back its units at each
+    cost window's interval, capped by the least headroom of the reservations made since it
+    (nothing when the history no longer holds its own entry), never into the past; what it gives
+    back is used up from those headrooms."""
+    schedules = [list(w) for w in schedules]
+    history = [list(entry) for entry in history]  # [window, seq, headroom], by seq
+    for seq, units, granted in sorted(refunds, key=lambda r: -r[0]):
+        if seq < 0 or units <= 0 or not history or history[0][1] > seq:
+            continue
+        later = [entry for entry in history if entry[1] > seq]
+        given = {}
+        for i, window in enumerate(windows, start=1):
+            least = min((h for j, _, h in later if j == i), default=math.inf)
+            shift = min(units * window["interval"], least)
+            tat, granted_tat = schedules[i - 1]
+            schedules[i - 1][0] = max(tat - shift, min(tat, 0))
+            if granted:
+                schedules[i - 1][1] = max(granted_tat - shift, min(granted_tat, 0))
+            given[i] = math.floor(shift)
+        for entry in later:
+            entry[2] = max(0, entry[2] - given[entry[0]])
+    return schedules, history
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    units=st.integers(1, 300),
     intervals=st.lists(st.floats(10.0, 1e6), min_size=1, max_size=3),
-    headrooms=st.lists(st.tuples(st.integers(1, 3), st.integers(0, 10**7)), min_size=0, max_size=8),
-    tat=st.floats(-1e7, 1e8),
-    granted_tat=st.floats(-1e7, 1e8),
-    granted=st.booleans(),
+    headrooms=st.lists(
+        st.tuples(st.integers(1, 3), st.integers(0, 10**7)), min_size=0, max_size=12
+    ),
+    refunds=st.lists(
+        st.tuples(st.integers(-1, 14), st.integers(0, 300), st.booleans()), max_size=6
+    ),
+    schedules=st.lists(
+        st.tuples(st.floats(-1e7, 1e8), st.floats(-1e7, 1e8)),
+        min_size=3,
+        max_size=3,
+    ),
+    first_seq=st.integers(1, 3),
 )
-def test_a_refund_gives_back_no_more_than_any_later_headroom(
-    call_lua, units, intervals, headrooms, tat, granted_tat, granted
+def test_refunds_in_one_pass_give_back_what_one_at_a_time_would(
+    give_back, intervals, headrooms, refunds, schedules, first_seq
 ) -> None:
-    # S2: a refund moves a cost window's schedule back by its units at the window's interval,
-    # capped by the least headroom of the reservations made since; never into the past
+    # S2: each refund moves a cost window's schedule back by its units at the window's
+    # interval, capped by the least headroom of the reservations made since; never into the
+    # past. A batch (release_many's settles) is read and written in one pass over the history,
+    # and must leave what the refunds one at a time, newest first, would.
     windows = [{"cost": True, "interval": interval} for interval in intervals]
-    later: list[str] = []
-    for seq, (i, headroom) in enumerate(headrooms, start=1):
-        later += [f"{min(i, len(windows))}:{seq}:{headroom}", str(seq)]
-    [shifts] = call_lua("refund_shifts", {"windows": windows}, units, later)
-    for i, window in enumerate(windows, start=1):
-        least = min((h for j, h in headrooms if min(j, len(windows)) == i), default=math.inf)
-        expected = min(units * window["interval"], least)
-        shift = float(shifts[str(i)] if isinstance(shifts, dict) else shifts[i - 1])
-        assert shift == pytest.approx(expected, rel=1e-12)
-        [moved] = call_lua("shifted_window", {"tat": tat, "granted": granted_tat}, shift, granted)
-        assert float(moved["tat"]) == pytest.approx(max(tat - shift, min(tat, 0)), abs=1e-6)
-        expected_granted = max(granted_tat - shift, min(granted_tat, 0)) if granted else granted_tat
-        assert float(moved["granted"]) == pytest.approx(expected_granted, abs=1e-6)
+    schedules = schedules[: len(windows)]
+    history = [
+        [min(i, len(windows)), seq, headroom]
+        for seq, (i, headroom) in enumerate(headrooms, start=first_seq)
+    ]
+    client, script = give_back
+    key = f"t-{uuid.uuid4().hex[:12]}:heads"
+    for i, seq, headroom in history:
+        client.zadd(key, {f"{i}:{seq}:{headroom}": seq})
+    w_json, members = script(
+        keys=[key],
+        args=[
+            json.dumps(windows),
+            json.dumps([{"tat": tat, "granted": granted} for tat, granted in schedules]),
+            json.dumps([{"seq": q, "units": u, "granted": g} for q, u, g in refunds]),
+        ],
+    )
+    client.delete(key)
+    expected_schedules, expected_history = _give_back_one_at_a_time(
+        windows, schedules, history, refunds
+    )
+    for (tat, granted), (expected_tat, expected_granted) in zip(
+        json.loads(w_json), expected_schedules, strict=True
+    ):
+        assert float(tat) == pytest.approx(expected_tat, abs=1e-6)
+        assert float(granted) == pytest.approx(expected_granted, abs=1e-6)
+    got = sorted(tuple(int(x) for x in m.decode().split(":")) for m in members)
+    assert got == sorted(tuple(entry) for entry in expected_history)

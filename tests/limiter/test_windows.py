@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 
 import pytest
 
@@ -157,6 +158,33 @@ def test_release_many_settles_a_batch_in_its_one_round_trip_as_settle_would(
     (left,), (expected,) = batched.state().windows, one_by_one.state().windows
     assert left.remaining == pytest.approx(expected.remaining, abs=1)
     assert left.remaining == pytest.approx(100 - sum(real), abs=1)
+
+
+def test_a_recorder_batch_of_settles_over_a_full_history_is_one_short_script(
+    make_limiter, redis_client
+):
+    # given a large token window, filling slowly (278 tokens/s), and a full refund
+    # history (4,096 reservations)
+    limiter = make_limiter(
+        LimiterConfig(
+            rate=1_000_000.0,
+            burst=1000,
+            windows=(Window(1_000_000.0, 3600.0, 1_000_000, "cost"),),
+        )
+    )
+    grants = []
+    while len(grants) < 4096:
+        grants += limiter.acquire_many(256, costs=[100] * 256)
+    assert redis_client.zcard(limiter.heads_key) == 4096
+    # when a thousand of them settle below their estimate in one release_many
+    started = time.monotonic()
+    limiter.release_many([], settles=[(grant, 80) for grant in grants[-1000:]])
+    # expect: every refund given back whole, in one script far below Redis's 5 s limit (given
+    # refund by refund, each rewrote the history after it: this batch held Redis for over 5 s
+    # and every other client got BUSY)
+    assert time.monotonic() - started < 2.0
+    (window,) = limiter.state().windows
+    assert window.remaining == pytest.approx(1_000_000 - 100 * 3096 - 80 * 1000, abs=1000)
 
 
 def test_a_call_costlier_than_a_cost_window_is_refused(make_limiter):

@@ -90,7 +90,7 @@ if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
   return {1, held_slot - now, held_slot, st.generation, now, -1, leased, -1}
 end
 if held_slot >= 0 and held_generation == st.generation then
-  give_back(KEYS[5], cfg, st, tonumber(ARGV[9]) or -1, cost, false)
+  give_back(KEYS[5], cfg, st, {{seq = tonumber(ARGV[9]) or -1, units = cost, granted = false}})
   store_windows(KEYS[2], st, now)
 end
 

@@ -31,9 +31,11 @@ if cfg then
   if ARGV[1] ~= '' then
     local st = load_state(KEYS[4], now)
     load_windows(KEYS[4], cfg, st, now)
+    local settles = {}
     for delta, seq in string.gmatch(ARGV[1], '(-?%d+):(-?%d+)') do
-      settle_cost(KEYS[5], cfg, st, tonumber(delta), tonumber(seq))
+      settles[#settles + 1] = {delta = tonumber(delta), seq = tonumber(seq)}
     end
+    settle_costs(KEYS[5], cfg, st, settles)
     store_windows(KEYS[4], st, now)
     renew_bucket({KEYS[1], KEYS[4]}, cfg, st, now, 0, KEYS[5])
   end

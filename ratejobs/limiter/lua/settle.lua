@@ -28,7 +28,7 @@ end
 local now = now_us()
 local st = load_state(KEYS[2], now)
 load_windows(KEYS[2], cfg, st, now)
-settle_cost(KEYS[3], cfg, st, tonumber(ARGV[1]), tonumber(ARGV[2]))
+settle_costs(KEYS[3], cfg, st, {{delta = tonumber(ARGV[1]), seq = tonumber(ARGV[2])}})
 store_windows(KEYS[2], st, now)
 renew_bucket({KEYS[1], KEYS[2]}, cfg, st, now, 0, KEYS[3])
 return {0, now}
