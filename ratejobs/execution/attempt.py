@@ -11,7 +11,6 @@ from dataclasses import dataclass, replace
 import requests
 
 from ratejobs.execution.backoff import backoff_ceiling
-from ratejobs.execution.cost import cost_from_response
 from ratejobs.execution.http import (
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
@@ -32,6 +31,7 @@ from ratejobs.limiter import (
     WaitTooLong,
 )
 from ratejobs.limiter.config import is_positive_number
+from ratejobs.limiter.cost import cost_from_response
 
 logger = logging.getLogger(__name__)
 

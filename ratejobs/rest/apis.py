@@ -58,7 +58,7 @@ COST_JSON_FIELD_HELP = (
     "dotted path to what a call really cost in a JSON response (e.g. usage.total_tokens), used "
     "when cost_header gives nothing; a number segment indexes a list; empty: none"
 )
-# What the service's check of a cost_json_field allows (ratejobs.execution.cost), for the schema.
+# What the service's check of a cost_json_field allows (ratejobs.limiter.cost), for the schema.
 COST_JSON_FIELD_SHAPE = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
 
 

@@ -12,7 +12,6 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from ratejobs.crypto import check_credential_env, encrypt_secret
-from ratejobs.execution.cost import COST_JSON_FIELD
 from ratejobs.execution.outbound import check_url_allowed, policy_for
 from ratejobs.execution.targets import (
     ALWAYS_PROTECTED_HEADERS,
@@ -27,6 +26,7 @@ from ratejobs.infra.limiters import api_limiter
 from ratejobs.limiter import Feedback
 from ratejobs.limiter.buckets import reset_key_buckets
 from ratejobs.limiter.config import MAX_WINDOWS, Window
+from ratejobs.limiter.cost import COST_JSON_FIELD
 from ratejobs.models import Api, ThrottleEvent, api_windows
 from ratejobs.namespace import limiter_key_prefix
 

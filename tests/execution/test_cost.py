@@ -12,9 +12,9 @@ import redis
 
 from devtools.devredis import start_private_redis
 from ratejobs.execution import ExecutionPolicy, HttpRequest, attempt_call
-from ratejobs.execution.cost import COST_JSON_FIELD, cost_from_response, parse_cost
 from ratejobs.limiter import Limiter, LimiterConfig
 from ratejobs.limiter.config import MAX_COST, Window
+from ratejobs.limiter.cost import COST_JSON_FIELD, cost_from_response, parse_cost
 from sandbox import Sandbox
 
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ratejobs.execution.cost import cost_from_response
 from ratejobs.limiter import headers as headers_module
 from ratejobs.limiter.config import MAX_COST
+from ratejobs.limiter.cost import cost_from_response
 from ratejobs.limiter.headers import (
     MAX_DELAY_SECONDS,
     MAX_DIGITS,

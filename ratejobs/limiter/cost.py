@@ -1,5 +1,5 @@
 """What a call really cost (tokens used), read from its response, to correct the estimate the
-limiter charged for it when its slot was granted."""
+limiter charged for it when its slot was granted (the engine's attempts and the adapters)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import re
 from collections.abc import Mapping
 
-from ratejobs.execution.http import header_value
 from ratejobs.limiter.config import MAX_COST
+from ratejobs.limiter.headers.values import normalise
 
 # A dotted path of names into a JSON response: `usage.total_tokens`; a segment of digits also
 # indexes a list (`data.0.tokens`).
@@ -25,7 +25,7 @@ def cost_from_response(
     number from 0 to MAX_COST, a body that is not JSON or was truncated). Whatever the API
     sends, this never raises: a garbled report leaves the estimate standing."""
     if header:
-        cost = parse_cost(header_value(headers, header))
+        cost = parse_cost(normalise(headers).get(header.lower()))
         if cost is not None:
             return cost
     if json_field and body:
