@@ -20,7 +20,7 @@ from django.utils import timezone
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.infra.wakeups import schedule_wakeup
-from ratejobs.namespace import check_namespace, namespace_for_database
+from ratejobs.limiter.deployment import check_namespace, namespace_for_database
 from ratejobs.selectors.apis import api_key_buckets, api_rate_history
 from ratejobs.services.apis import api_limiter_reset
 from tests.conftest import _forget_redis_clients

@@ -13,8 +13,12 @@ from kombu import Queue
 
 from ratejobs.execution.backoff import backoff_ceiling
 from ratejobs.execution.outbound import OutboundPolicy
+from ratejobs.limiter.deployment import (
+    check_namespace,
+    default_database_url,
+    namespace_for_database,
+)
 from ratejobs.logs import logging_config
-from ratejobs.namespace import check_namespace, namespace_for_database
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 
@@ -68,7 +72,7 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}")}
+DATABASES = {"default": env.db("DATABASE_URL", default=default_database_url())}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Workers and the web server write at once: WAL lets readers go on during a write, and
     # IMMEDIATE transactions queue writers on the busy timeout instead of failing to upgrade a

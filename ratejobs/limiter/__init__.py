@@ -17,6 +17,7 @@ from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
     LimiterUnavailable,
+    NamespaceUnknown,
     TooBig,
     WaitTooLong,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "LimiterNotConfigured",
     "LimiterState",
     "LimiterUnavailable",
+    "NamespaceUnknown",
     "RateSample",
     "TooBig",
     "WaitTooLong",

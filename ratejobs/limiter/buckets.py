@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ratejobs.limiter.core import KEY_PREFIX, LIVE_KEY_PARTS, translate_redis_errors
+from ratejobs.limiter.core import LIVE_KEY_PARTS, translate_redis_errors
+from ratejobs.limiter.deployment import deployment_key_prefix
 
 # Keys looked at by one overview: SCAN walks the whole keyspace, so a listing stays a bounded
 # amount of work however many customers an API has (beyond it the count says "at least").
@@ -58,11 +59,12 @@ def key_buckets(
     *,
     top: int = 10,
     limit: int = DEFAULT_SCAN_LIMIT,
-    key_prefix: str = KEY_PREFIX,
+    key_prefix: str | None = None,
 ) -> KeyBuckets:
     """The live buckets of `base`'s keys (at most `limit` looked at) and the `top` most blocked
-    or throttled, among limiters under `key_prefix` (Limiter's); LimiterUnavailable when Redis
-    cannot be reached."""
+    or throttled, among limiters under `key_prefix` (Limiter's, the deployment's by default);
+    LimiterUnavailable when Redis cannot be reached."""
+    key_prefix = key_prefix or deployment_key_prefix()
     with translate_redis_errors(base):
         keys, complete = _scan(client, base, limit, key_prefix)
         if top <= 0:  # a count only (the metric): no state read
@@ -83,10 +85,11 @@ def key_buckets(
     return KeyBuckets(live=len(keys), complete=complete, top=ranked)
 
 
-def reset_key_buckets(client: Any, base: str, *, key_prefix: str = KEY_PREFIX) -> int:
+def reset_key_buckets(client: Any, base: str, *, key_prefix: str | None = None) -> int:
     """Forget the live state of every `{base}:{key}` limiter under `key_prefix` (their
     configurations stay, as a reset of one limiter keeps its own); returns how many were
     reset."""
+    key_prefix = key_prefix or deployment_key_prefix()
     reset = 0
     with translate_redis_errors(base):
         batch: list[str] = []

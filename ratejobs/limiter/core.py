@@ -14,6 +14,7 @@ from typing import Any
 import redis
 
 from ratejobs.limiter.config import MAX_COST, LimiterConfig, Window
+from ratejobs.limiter.deployment import deployment_key_prefix
 from ratejobs.limiter.errors import (
     LimiterError,
     LimiterNotConfigured,
@@ -24,7 +25,6 @@ from ratejobs.limiter.errors import (
 from ratejobs.limiter.headers import is_throttle, throttle_delay
 
 MICROS = 1_000_000
-KEY_PREFIX = "ratejobs:limiter"
 # A lease covers waiting for the slot plus the request itself; after this long a worker that
 # died holding it no longer counts as in flight.
 DEFAULT_LEASE_SECONDS = 120.0
@@ -316,7 +316,7 @@ class LimiterBase:
         name: str,
         config: LimiterConfig | None = None,
         *,
-        key_prefix: str = KEY_PREFIX,
+        key_prefix: str | None = None,
         rate_samples_kept: int = RATE_SAMPLES_KEPT,
         spare_slots: bool = True,
     ) -> None:
@@ -335,6 +335,8 @@ class LimiterBase:
         self._spares_lock = threading.Lock()
         # One hash tag for all keys of a limiter: its scripts touch several keys at once, which
         # Redis Cluster allows only within one slot.
+        if key_prefix is None:  # the deployment's, as its environment names it
+            key_prefix = deployment_key_prefix()
         base = self._base = f"{key_prefix}:{{{name}}}"
         self.config_key = f"{base}:config"
         self.state_key = f"{base}:state"

@@ -45,3 +45,8 @@ class WaitTooLong(LimiterError):
         # so retry_after (the earliest lease's expiry) is only the latest it can take.
         self.at_capacity = at_capacity
         self.place = place
+
+
+class NamespaceUnknown(LimiterError):
+    """Nothing in the environment says which deployment's buckets a limiter should use
+    (ratejobs.limiter.deployment)."""

@@ -10,6 +10,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from ratejobs.infra.limiters import api_limiter
+from ratejobs.limiter.deployment import deployment_key_prefix
+from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services.apis import api_block
 
 pytestmark = pytest.mark.usefixtures("services_redis")
@@ -42,7 +44,18 @@ def test_a_table_of_every_api_and_json_for_one(api, make_api):
 
 def test_no_apis_is_said_in_words_and_an_empty_list_in_json():
     assert "no APIs yet" in status()
+    assert "export RATEJOBS_LIMITER_NAMESPACE=" in status()
     assert json.loads(status("--json")) == []
+
+
+def test_the_line_a_program_elsewhere_exports_names_the_same_buckets(api):
+    # given the table, whose last line says what a program of one's own exports
+    last = status().splitlines()[-1]
+    assert last.startswith("programs elsewhere share these buckets with: export ")
+    # expect: a program with only that variable finds the workers' keys
+    assignment = last.split("export ", 1)[1].split()[0]
+    variable, value = assignment.split("=", 1)
+    assert deployment_key_prefix({variable: value}) == limiter_key_prefix()
 
 
 def test_an_unknown_name_and_a_dead_redis_are_clear_errors(api, redis_down):

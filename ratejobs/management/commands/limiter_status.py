@@ -42,6 +42,7 @@ class Command(BaseCommand):
             return
         if not states:
             self.stdout.write("no APIs yet: add one in the admin or with POST /api/apis/")
+            self.stdout.write(_export_line())
             return
         rows = [COLUMNS, *(_row(api, states[api.name]) for api in apis)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
@@ -55,6 +56,16 @@ class Command(BaseCommand):
                 self.stdout.write(f"  limit {window.window.label}: {window_text(window)}")
             if api is not None and keys[api.name].live:
                 self.stdout.write(f"  {_key_buckets_text(keys[api.name])}")
+        self.stdout.write(_export_line())
+
+
+def _export_line() -> str:
+    """What a program of one's own (ratejobs.limiter, outside Django) exports to share these
+    buckets when it does not run with this deployment's environment."""
+    return (
+        f"\nprograms elsewhere share these buckets with: "
+        f"export RATEJOBS_LIMITER_NAMESPACE={limiter_namespace()}  (and this REDIS_URL)"
+    )
 
 
 def _key_buckets(api: Api) -> KeyBuckets:
