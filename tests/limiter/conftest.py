@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from ratejobs.limiter import LimiterConfig
+from tests.sandbox.conftest import make_sandbox  # noqa: F401 (a fixture of the adapters' tests)
 
 # Slots are whole microseconds on Redis's clock, so two slots one interval apart can be up to
 # 1 µs closer than the exact interval; the window bound is checked with that allowance.
