@@ -7,12 +7,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from ratejobs.limiter.core import DEFAULT_LEASE_SECONDS, Feedback, Grant
 from ratejobs.limiter.cost import COST_JSON_FIELD, cost_from_response
-from ratejobs.limiter.headers import HINTED_THROTTLE_STATUS, THROTTLE_STATUS
+from ratejobs.limiter.headers import is_throttle
 
 logger = logging.getLogger("ratejobs.limiter.adapters")
 Response = TypeVar("Response")
@@ -23,10 +23,6 @@ DEFAULT_MAX_WAIT = 60.0
 # A JSON cost is read from a body of at most this many bytes (an LLM API's usage object comes
 # in a few KB); a larger body is not kept for it, and leaves the estimate standing.
 MAX_COST_BODY_BYTES = 1 << 20
-# The keyword arguments every adapter takes for its Accounting.
-ACCOUNTING_OPTIONS = (
-    "max_wait", "retries", "cost", "cost_header", "cost_json_field", "lease_seconds",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -60,12 +56,14 @@ class Accounting:
         return bool(self.cost_json_field)
 
 
+# The keyword arguments every adapter takes for its Accounting.
+ACCOUNTING_OPTIONS = tuple(field.name for field in fields(Accounting))
+
+
 def is_throttled(status_code: int, feedback: Feedback | None) -> bool:
-    """Whether the API throttled the request (is_throttle): a 429, or a 403 that observe() took
-    for a throttle because its headers hinted at one (it fed back a Feedback for it)."""
-    return status_code == THROTTLE_STATUS or (
-        status_code == HINTED_THROTTLE_STATUS and feedback is not None
-    )
+    """is_throttle() from what observe() answered: it fed back a Feedback for a response whose
+    headers hinted at a wait, so the hint is not read from the headers a second time."""
+    return is_throttle(status_code, None if feedback is None else feedback.blocked_for)
 
 
 class Finish:
@@ -142,23 +140,12 @@ async def observe_quietly_async(
 
 
 class Limited:
-    """What every adapter holds: the limiter and its Accounting (the keyword arguments)."""
+    """What every adapter holds: the limiter and its Accounting, whose fields (max_wait,
+    retries, cost, cost_header, cost_json_field, lease_seconds) are the keyword arguments."""
 
-    def __init__(
-        self,
-        limiter: Any,
-        *,
-        max_wait: float | None = DEFAULT_MAX_WAIT,
-        retries: int = 0,
-        cost: int | Callable[[Any], int] = 0,
-        cost_header: str = "",
-        cost_json_field: str = "",
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-    ) -> None:
+    def __init__(self, limiter: Any, **options: Any) -> None:
         self.limiter = limiter
-        self.accounting = Accounting(
-            max_wait, retries, cost, cost_header, cost_json_field, lease_seconds
-        )
+        self.accounting = Accounting(**options)
 
     def send_limited(
         self,

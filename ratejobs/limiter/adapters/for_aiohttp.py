@@ -10,7 +10,6 @@ from aiohttp import ClientRequest, ClientResponse
 from aiohttp.client_middlewares import ClientHandlerType
 
 from ratejobs.limiter.adapters.accounting import MAX_COST_BODY_BYTES, Finish, Limited
-from ratejobs.limiter.aio import AsyncLimiter
 
 # Leases being given back from a response's end-of-body callback: the event loop keeps only a
 # weak reference to a task, and one collected midway would leave its place taken.
@@ -25,10 +24,8 @@ class LimitedMiddleware(Limited):
     (aiohttp keeps it, so `await response.json()` still works): use `cost_header` for a body
     you stream. With `retries`, a throttled request (429, or a 403 whose headers hint at a
     limit) is sent again after the block it caused. `cost`: each request's estimate, or a
-    function of the aiohttp ClientRequest. The keyword arguments are Limited's."""
-
-    def __init__(self, limiter: AsyncLimiter, **options: Any) -> None:
-        super().__init__(limiter, **options)
+    function of the aiohttp ClientRequest. `limiter` is an AsyncLimiter; the keyword arguments
+    are Limited's."""
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         async def discard(response: ClientResponse) -> None:

@@ -57,9 +57,9 @@ end
 -- entry is read once, and the headroom each refund uses up is kept per window as a running
 -- total (`given`) instead of being written into every later entry at once. An entry read when
 -- the total was g has been used up by what was given since: total now - g. Only the entries
--- used up are written, once, at the end. Written refund by refund, the recorder's batch of 250
--- settles cost Redis 1.1 ms of CPU per settle, and a batch of 1,000 held Redis past its 5 s
--- script limit.
+-- used up are written, once, at the end. Written into every later entry refund by refund, a
+-- batch would cost its size times the history's length (4,096): a recorder's batch of 1,000
+-- settles would run past Redis's 5 s script limit, and stop every client of that Redis.
 local function give_back(heads_key, cfg, st, refunds)
   local todo = {}
   for _, refund in ipairs(refunds) do
