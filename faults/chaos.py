@@ -546,7 +546,7 @@ def _delete_call_messages(rig: Rig) -> tuple[int, list[int]]:
     returns how many, and their calls. A message a worker took meanwhile is left to it."""
     from django.conf import settings
 
-    from ratejobs.infra.wakeups import EXECUTE_CALLS_TASK
+    from ratejobs.celery_settings import EXECUTE_CALLS_TASK
 
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
     queue = f"{prefix}{settings.CELERY_TASK_DEFAULT_QUEUE}"

@@ -9,6 +9,14 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import InterfaceError, OperationalError
 
+from ratejobs.celery_settings import (
+    CALLBACK_TASK,
+    DISPATCH_TASK,
+    EXECUTE_CALLS_TASK,
+    PURGE_TASK,
+    RECONCILE_TASK,
+    RETENTION_TASK,
+)
 from ratejobs.infra import wakeups
 from ratejobs.services import callbacks, retention
 from ratejobs.worker import dispatch as dispatching
@@ -20,7 +28,7 @@ from ratejobs.worker.engine import calls_start, heartbeating_owner
 # the window until RATEJOBS_STALE_DISPATCH_SECONDS (minutes), so it is sent again after 1, 2, 4,
 # 8, 8 and 8 s instead. Claims make the second run safe: calls it finds taken are skipped.
 @shared_task(
-    name=wakeups.EXECUTE_CALLS_TASK,
+    name=EXECUTE_CALLS_TASK,
     acks_late=True,
     reject_on_worker_lost=True,
     autoretry_for=(OperationalError, InterfaceError),
@@ -34,19 +42,19 @@ def execute_calls(job_id: int, call_ids: list[int]) -> int:
 
 
 # Two runs of one message (a redelivery) are harmless: the delivery is claimed before it is sent.
-@shared_task(name=callbacks.CALLBACK_TASK, acks_late=True)
+@shared_task(name=CALLBACK_TASK, acks_late=True)
 def job_callback(job_id: int) -> str:
     return callbacks.job_callback_send(job_id=job_id)
 
 
-@shared_task(name=wakeups.DISPATCH_TASK, acks_late=True)
+@shared_task(name=DISPATCH_TASK, acks_late=True)
 def dispatch(api_id: int) -> int:
     result = dispatching.dispatch_api(api_id=api_id, dispatcher=heartbeating_owner())
     wakeups.schedule_wakeup(api_id, result.next_due)
     return result.dispatched
 
 
-@shared_task(name="ratejobs.reconcile")
+@shared_task(name=RECONCILE_TASK)
 def reconcile() -> dict[str, int]:
     result = reconciling.reconcile()
     return {
@@ -58,7 +66,7 @@ def reconcile() -> dict[str, int]:
     }
 
 
-@shared_task(name=retention.RETENTION_TASK)
+@shared_task(name=RETENTION_TASK)
 def retention_run() -> dict[str, int]:
     result = retention.retention_run()
     return {
@@ -68,6 +76,6 @@ def retention_run() -> dict[str, int]:
     }
 
 
-@shared_task(name=retention.PURGE_TASK)
+@shared_task(name=PURGE_TASK)
 def purge_jobs() -> int:
     return retention.purge_run().rows

@@ -2,7 +2,8 @@
 without its row, or a row left behind by a setting removed, fails here.
 
 Each table of the page is checked against its own sources, read as text (no import): the
-settings package (and the Celery app's default settings module); the tools that start things
+app's settings (ratejobs/conf.py), the settings package (and the Celery app's default settings
+module); the tools that start things
 (scripts/demo.py, the Makefile's `?=` variables, docker-compose.yml's `${...}`); and the names
 ratejobs/ itself reads with `os.environ` (the HTTP client's CA bundle)."""
 
@@ -70,8 +71,22 @@ def _names_read(path: Path, *, env_calls: bool) -> set[str]:
     return names
 
 
+def app_settings() -> set[str]:
+    """The names of ratejobs' own settings, `Setting("NAME", ...)` in ratejobs/conf.py: the
+    project reads each from the variable of the same name (conf.from_environment)."""
+    tree = ast.parse((ROOT / "ratejobs" / "conf.py").read_text())
+    return {
+        name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "Setting"
+        and (name := _string_arg(node)) is not None
+    }
+
+
 def settings_variables() -> set[str]:
-    names = set()
+    names = app_settings()
     for path in sorted((ROOT / "project" / "settings").glob("*.py")):
         names |= _names_read(path, env_calls=True)
     return names | _names_read(ROOT / "project" / "celery.py", env_calls=False)
@@ -134,5 +149,6 @@ def test_every_variable_the_workers_read_by_name_is_documented():
 def test_the_extraction_finds_what_it_should():
     # guards the test itself: a parser that found nothing would make the checks above vacuous
     assert {"DATABASE_URL", "RATEJOBS_MAX_WORKER_WAIT", "DJANGO_HTTPS"} <= settings_variables()
+    assert {"REDIS_URL", "RATEJOBS_TRUSTED_PROXY_COUNT"} <= app_settings()
     assert {"DJANGO_SETTINGS_MODULE"} <= settings_variables()
     assert {"DEMO_CALLS", "TEST_MARK", "WORKER_CONCURRENCY"} <= tool_variables()

@@ -17,14 +17,10 @@ EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 RATEJOBS_OUTBOUND_ALLOW = env.list(  # noqa: F405
     "RATEJOBS_OUTBOUND_ALLOW", default=["127.0.0.1/32", "::1/128"]
 )
-OutboundPolicy.from_allow_list(RATEJOBS_OUTBOUND_ALLOW)  # noqa: F405 (as base.py does)
 # Callbacks too (the workers the tests start read this module, not a test's settings fixture);
 # tests/security/test_callback_policy.py checks the default, empty, list refuses loopback.
 RATEJOBS_CALLBACK_ALLOW = env.list(  # noqa: F405
     "RATEJOBS_CALLBACK_ALLOW", default=["127.0.0.1/32", "::1/128"]
-)
-OutboundPolicy.from_allow_list(  # noqa: F405
-    RATEJOBS_CALLBACK_ALLOW, setting="RATEJOBS_CALLBACK_ALLOW"
 )
 # A worker killed by a test is found dead in seconds, not half a minute (the environment may
 # still say otherwise).

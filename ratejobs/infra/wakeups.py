@@ -10,6 +10,7 @@ from datetime import datetime
 import redis
 from celery import current_app
 
+from ratejobs.celery_settings import DISPATCH_TASK
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.connections import redis_client
 from ratejobs.namespace import redis_key
@@ -22,8 +23,6 @@ DISPATCH_DEBOUNCE_SECONDS = 0.25
 # Calls waiting for a later attempt are looked at again at least this often. Countdowns stay
 # short: a Redis broker redelivers a long-delayed task after its visibility timeout.
 MAX_WAKEUP_SECONDS = 5.0
-EXECUTE_CALLS_TASK = "ratejobs.execute_calls"
-DISPATCH_TASK = "ratejobs.dispatch"
 
 
 def request_dispatch(api_id: int, *, countdown: float = DISPATCH_DEBOUNCE_SECONDS) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.contrib.auth.models import Group
 from drf_spectacular.utils import OpenApiExample, extend_schema, extend_schema_field
-from rest_framework import generics, serializers, status
+from rest_framework import serializers, status
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -35,6 +35,7 @@ from ratejobs.models import (
 )
 from ratejobs.permissions import can_manage_apis
 from ratejobs.rest.serializers import NameField, StrictInputSerializer
+from ratejobs.rest.views import GenericAPIView
 from ratejobs.selectors.apis import api_get, api_limiter_readings, api_list
 from ratejobs.services.apis import api_create, api_update
 
@@ -315,7 +316,7 @@ class _ManagerWrites:
         return [IsAuthenticated(), CanManageApis()]
 
 
-class ApiListCreateView(_ManagerWrites, generics.GenericAPIView):
+class ApiListCreateView(_ManagerWrites, GenericAPIView):
     queryset = Api.objects.none()  # for the schema; reads go through selectors
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
@@ -356,7 +357,7 @@ class ApiListCreateView(_ManagerWrites, generics.GenericAPIView):
         return Response(_represent(request, [api])[0], status=status.HTTP_201_CREATED)
 
 
-class ApiDetailView(_ManagerWrites, generics.GenericAPIView):
+class ApiDetailView(_ManagerWrites, GenericAPIView):
     def get_serializer_class(self) -> type[serializers.Serializer]:
         if self.request is not None and self.request.method == "PATCH":
             return ApiUpdateInputSerializer

@@ -14,7 +14,7 @@ from drf_spectacular.utils import (
     PolymorphicProxySerializer,
     extend_schema,
 )
-from rest_framework import generics, serializers, status
+from rest_framework import serializers, status
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -22,6 +22,7 @@ from rest_framework.response import Response
 from ratejobs.models import ApiCredential
 from ratejobs.rest.apis import CanManageApis
 from ratejobs.rest.serializers import StrictInputSerializer
+from ratejobs.rest.views import GenericAPIView
 from ratejobs.selectors.apis import api_get, credential_list
 from ratejobs.services.credentials import (
     CREDENTIAL_KEY_SHAPE,
@@ -84,7 +85,7 @@ class _ManagersOnly:
     permission_classes = [IsAuthenticated, CanManageApis]
 
 
-class ApiCredentialListView(_ManagersOnly, generics.GenericAPIView):
+class ApiCredentialListView(_ManagersOnly, GenericAPIView):
     queryset = ApiCredential.objects.none()  # for the schema; reads go through selectors
     serializer_class = CredentialOutputSerializer
 
@@ -151,7 +152,7 @@ KEY_PATH_PARAMETER = OpenApiParameter(
 )
 
 
-class ApiCredentialDetailView(_ManagersOnly, generics.GenericAPIView):
+class ApiCredentialDetailView(_ManagersOnly, GenericAPIView):
     queryset = ApiCredential.objects.none()  # for the schema; reads go through selectors
     serializer_class = CredentialSecretInputSerializer
 

@@ -12,7 +12,8 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.reverse import reverse
-from rest_framework.views import APIView
+
+from ratejobs.rest.views import APIView
 
 # The index's links: its key, and the route it points to.
 LINKS = {

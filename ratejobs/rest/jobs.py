@@ -19,13 +19,12 @@ from drf_spectacular.utils import (
     extend_schema,
     extend_schema_view,
 )
-from rest_framework import exceptions, generics, serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
-from rest_framework.views import APIView
 
 from ratejobs.models import Call, Job, ThrottleEvent
 from ratejobs.permissions import may_delete_records
@@ -41,6 +40,7 @@ from ratejobs.rest.job_serializers import (
 )
 from ratejobs.rest.parsers import JobJSONParser, JsonLinesParser, upload_calls
 from ratejobs.rest.throttles import JobCreateThrottle
+from ratejobs.rest.views import APIView, GenericAPIView
 from ratejobs.selectors.jobs import (
     call_get_for_job,
     call_list_for_job,
@@ -124,7 +124,7 @@ class _JobCreateThrottled:
         )
 
 
-class JobListCreateView(_JobCreateThrottled, generics.GenericAPIView):
+class JobListCreateView(_JobCreateThrottled, GenericAPIView):
     queryset = Job.objects.none()  # for the schema; reads go through selectors
     parser_classes = [JobJSONParser]
 
@@ -307,7 +307,7 @@ class JobDetailView(APIView):
         return Response(status=status.HTTP_202_ACCEPTED)
 
 
-class JobCallListView(generics.GenericAPIView):
+class JobCallListView(GenericAPIView):
     queryset = Call.objects.none()
     serializer_class = CallOutputSerializer
 
@@ -398,7 +398,7 @@ class JobResultsCsvView(_JobResultsView):
     format_name = "csv"
 
 
-class JobThrottleEventListView(generics.GenericAPIView):
+class JobThrottleEventListView(GenericAPIView):
     queryset = ThrottleEvent.objects.none()
     serializer_class = ThrottleEventOutputSerializer
 

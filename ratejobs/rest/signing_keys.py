@@ -7,10 +7,10 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from ratejobs.models import SigningKey
 from ratejobs.rest.serializers import StrictInputSerializer
+from ratejobs.rest.views import APIView
 from ratejobs.selectors.signing_keys import signing_key_for
 from ratejobs.services.callbacks import signing_key_rotate
 

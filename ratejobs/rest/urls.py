@@ -1,11 +1,11 @@
-"""Routes of the REST API, mounted under /api/."""
+"""Routes of the REST API, mounted under api/ by ratejobs.urls."""
 
 from __future__ import annotations
 
 from django.urls import path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from ratejobs.rest import apis, credentials, index, jobs, signing_keys
+from ratejobs.rest.views import SchemaView, SwaggerView
 
 app_name = "api"
 
@@ -48,11 +48,11 @@ urlpatterns = [
         name="job-retry-failed",
     ),
     path("signing-key/", signing_keys.SigningKeyView.as_view(), name="signing-key"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", SchemaView.as_view(), name="schema"),
     # GET and HEAD only: its HTML renderer has no template for an OPTIONS answer (a 500)
     path(
         "docs/",
-        SpectacularSwaggerView.as_view(url_name="api:schema", http_method_names=["get", "head"]),
+        SwaggerView.as_view(url_name="api:schema", http_method_names=["get", "head"]),
         name="docs",
     ),
     # Last: whatever matched no route above, newlines included (`.` would stop at one).

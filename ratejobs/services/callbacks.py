@@ -37,6 +37,7 @@ from django.db.models.functions import Cast, Concat
 from django.urls import reverse
 from django.utils import timezone
 
+from ratejobs.celery_settings import CALLBACK_TASK
 from ratejobs.crypto import CredentialError, decrypt_secret, encrypt_secret
 from ratejobs.execution.backoff import backoff_ceiling, full_jitter
 from ratejobs.execution.connections import session_for_process
@@ -51,7 +52,6 @@ from ratejobs.signing import SIGNATURE_HEADER, new_secret, signature_header
 
 logger = logging.getLogger(__name__)
 
-CALLBACK_TASK = "ratejobs.job_callback"
 EVENT = "job.finished"
 EVENT_HEADER = "X-Ratejobs-Event"
 DELIVERY_HEADER = "X-Ratejobs-Delivery"

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q, QuerySet, Subquery
 
+from ratejobs.celery_settings import PURGE_TASK
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.connections import redis_client
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
@@ -38,8 +39,6 @@ RUN_SECONDS = 60.0
 # the disk between batches, and WAL and dirty pages pile up at half the speed, which keeps
 # the workers' own writes fast while bodies are cleared and calls purged (bench.retention).
 PAUSE_RATIO = 1.0
-RETENTION_TASK = "ratejobs.retention"
-PURGE_TASK = "ratejobs.purge_jobs"
 # Purges asked for within this long (an admin action on many jobs) share one task run.
 PURGE_DEBOUNCE_SECONDS = 1.0
 FINISHED = (Job.Status.COMPLETED, Job.Status.CANCELLED)

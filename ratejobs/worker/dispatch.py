@@ -20,8 +20,8 @@ from django.db import transaction
 from django.db.models import F, Min, Q, Sum, Value
 from django.db.models.functions import Coalesce, NullIf
 
+from ratejobs.celery_settings import EXECUTE_CALLS_TASK
 from ratejobs.infra.clock import database_now
-from ratejobs.infra.wakeups import EXECUTE_CALLS_TASK
 from ratejobs.models import Api, ApiCredential, Call, Job, JobSecond
 
 logger = logging.getLogger(__name__)

@@ -156,7 +156,7 @@ def test_an_operator_follows_a_run_through_429s_a_manual_block_and_a_cancel(
     problems: list[str] = []
 
     # expect: the overview lists the API and the running job, and counts the 429s as they come
-    overview.goto(f"{base}/admin/ratejobs/overview/")
+    overview.goto(f"{base}/overview/")
     api_row = overview.locator(f'table#rj-overview-apis tr[data-api="{unique_name}"]')
     expect(api_row).to_be_visible()
     first_refresh = overview.locator("#rj-overview").get_attribute("data-refreshed")

@@ -153,9 +153,9 @@ ADMIN = [
     Route("admin:app_list", "GET", "/admin/ratejobs/", (*_LOGIN, 200, 200, 200), same=ANY),
     Route("admin:app_list", "GET", "/admin/auth/", (*_LOGIN, 404, 404, 200), same=ANY),
     # the overview lists APIs to every staff member and only their own jobs, its data too
-    Route("ratejobs_overview", "GET", "/admin/ratejobs/overview/", (*_LOGIN, 200, 200, 200),
+    Route("ratejobs_overview", "GET", "/overview/", (*_LOGIN, 200, 200, 200),
           same=ANY),
-    Route("ratejobs_overview_data", "GET", "/admin/ratejobs/overview/data/",
+    Route("ratejobs_overview_data", "GET", "/overview/data/",
           (*_LOGIN, 200, 200, 200), same=ANY),
     # one's own password, one's own signing key
     Route("admin:password_change", "GET", "/admin/password_change/", (*_LOGIN, 200, 200, 200),
