@@ -153,9 +153,12 @@ def default(name: str) -> Any:
 
 def from_environment(env: Any) -> dict[str, Any]:
     """The settings whose environment variable is set, cast as their defaults are, with `env` a
-    django-environ `Env` (so lists are comma-separated and booleans read as Django's do)."""
+    django-environ `Env` (lists are comma-separated)."""
     found = {}
     for setting in SETTINGS:
+        # Empty is unset for a default derived from others (RATEJOBS_NAMESPACE= in a .env).
+        if env.ENVIRON.get(setting.name, "") == "" and callable(setting.default):
+            continue
         if setting.name in env.ENVIRON:
             read: Callable[..., Any] = getattr(env, setting.cast)
             found[setting.name] = read(setting.name)

@@ -10,13 +10,10 @@ from django.utils import timezone
 
 from project.celery import app
 from ratejobs import tasks
+from ratejobs.celery_settings import RETENTION_TASK
 from ratejobs.models import Call, Job, ThrottleEvent
 from ratejobs.services.jobs import job_retry_failed
-from ratejobs.services.retention import (
-    RETENTION_TASK,
-    call_bodies_remove_old,
-    throttle_events_remove_old,
-)
+from ratejobs.services.retention import call_bodies_remove_old, throttle_events_remove_old
 from tests.services.conftest import BODY
 
 # The services' Redis (the purge request's debounce) and the REST throttle are the test's.

@@ -13,10 +13,10 @@ from django.core.management import CommandError, call_command
 
 from project.celery import app
 from ratejobs import tasks
+from ratejobs.celery_settings import PURGE_TASK
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
 from ratejobs.namespace import broker_key, redis_key
 from ratejobs.services.retention import (
-    PURGE_TASK,
     JobPurgeRefused,
     job_purge,
     job_purge_request,
