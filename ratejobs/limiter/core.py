@@ -3,6 +3,7 @@ generator of steps (run a script, sleep, wait for a freed lease) that a front en
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -35,6 +36,12 @@ MAX_SLEEP_SECONDS = 1.0
 # 5 ms early (lib/schedule.lua's CONFIRM_AHEAD_US), so the request leaves at its slot and not a
 # round trip later: a sleep overshoots by a fraction of a millisecond, a round trip takes about one.
 CONFIRM_AHEAD_SECONDS = 0.0045
+# A grant goes stale a whole slot after its slot (Grant.stale_at), but never sooner than this
+# after it: the round trip and the client's own work before the request is written take a
+# millisecond or two, so at thousands of slots a second every grant would read as stale. What it
+# is for is longer: an event loop that held the grant while it ran other callbacks, a
+# connection opened (DNS, TCP, TLS) after the grant, tens of milliseconds and more.
+STALE_GRANT_MIN_SECONDS = 0.01
 # Callers waiting for in-flight capacity are woken by releases; this bounds the wait when a
 # lease expires instead (a killed worker) and must stay below the client's socket timeout.
 MAX_CAPACITY_WAIT_SECONDS = 0.5
@@ -89,6 +96,18 @@ class Grant:
     cost_seq: int = -1  # its reservation's number in the cost windows' history (settle.lua)
     # False: it holds no lease (the limiter has no in-flight cap), release() has nothing to do
     leased: bool = True
+    # time.monotonic() from which a request sent on it would leave a whole slot late. Redis
+    # queues a holder that late again (acquire.lua), but a grant can also wait in the caller's
+    # hands after Redis made it (a busy event loop, a connection opened after the grant); sent
+    # then, it lands beside the next on-time requests, and several held up together reach the
+    # API together. The adapters take a new slot instead. Counted from before the grant was
+    # asked for: early by the round trip, never late however long its reply waited to be read.
+    # inf: not checked (a ready grant of acquire_many).
+    stale_at: float = math.inf
+
+    @property
+    def stale(self) -> bool:
+        return time.monotonic() >= self.stale_at
 
 
 @dataclass(frozen=True)
@@ -472,6 +491,9 @@ class LimiterBase:
         requeued = 0
         while True:
             wait_left_us = _wait_left_us(max_wait, started)
+            # Redis decides after this, so a deadline counted from it is never later than the
+            # one Redis meant, however long the reply then waited for this caller to read it.
+            asked = time.monotonic()
             reply = yield RunScript(
                 "acquire",
                 self.keys,
@@ -490,7 +512,9 @@ class LimiterBase:
                     1 if spare else 0,
                 ],
             )
-            code, wait_us, slot_us, generation, now_us, seq, leased, spare_us = map(int, reply)
+            code, wait_us, slot_us, generation, now_us, seq, leased, spare_us, late_us = map(
+                int, reply
+            )
             received = time.monotonic()
             self._read_clock(now_us, received)
             if seq >= 0:
@@ -527,6 +551,9 @@ class LimiterBase:
                     cost=cost,
                     cost_seq=cost_seq,
                     leased=bool(leased),
+                    stale_at=asked
+                    + (slot_us - now_us) / MICROS
+                    + max(late_us / MICROS, STALE_GRANT_MIN_SECONDS),
                 )
             if code == WAIT and keep_place and 0 <= wait_left_us < wait_us:
                 place = Grant(

@@ -1,6 +1,7 @@
-"""What every adapter does around a request, whatever its HTTP client: the slot's estimate, whether
-a response was a throttle to retry after the shared block, and the lease and cost given back
-once the response is done (one round trip for both, none when there is nothing to give)."""
+"""What every adapter does around a request, whatever its HTTP client: the slot's estimate, a slot
+taken again when the request could only leave a whole slot late, whether a response was a
+throttle to retry after the shared block, and the lease and cost given back once the response is
+done (one round trip for both, none when there is nothing to give)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ Response = TypeVar("Response")
 # How long a request waits for its slot by default before WaitTooLong: a pace of a few per
 # minute still gets through, a bucket blocked for an hour says so.
 DEFAULT_MAX_WAIT = 60.0
+# A stale grant (Grant.stale_at) is given up for a new slot at most this often per attempt: once
+# right before the request is handed to the client, once more where the client says it writes
+# it (after opening a connection). A loop that stalls at every try still sends, late, rather
+# than queueing for ever.
+MAX_RENEWALS = 2
 # A JSON cost is read from a body of at most this many bytes (an LLM API's usage object comes
 # in a few KB); a larger body is not kept for it, and leaves the estimate standing.
 MAX_COST_BODY_BYTES = 1 << 20
@@ -55,6 +61,14 @@ class Accounting:
     def reads_body(self) -> bool:
         return bool(self.cost_json_field)
 
+    def acquire_options(self, request: Any) -> dict[str, Any]:
+        """The keyword arguments of the limiter's acquire() for `request`."""
+        return {
+            "max_wait": self.max_wait,
+            "lease_seconds": self.lease_seconds,
+            "cost": self.estimate(request),
+        }
+
 
 # The keyword arguments every adapter takes for its Accounting.
 ACCOUNTING_OPTIONS = tuple(field.name for field in fields(Accounting))
@@ -79,6 +93,7 @@ class Finish:
         self.headers = headers
         self._lock = threading.Lock()
         self._done = False
+        self.renewals = 0
 
     def now(self) -> bool:
         """Whether nothing waits for the body: no lease to hold while it comes, no cost to read
@@ -118,6 +133,40 @@ class Finish:
         except Exception as exc:
             logger.warning("limiter %r: lease or cost not given back: %s", self.limiter.name, exc)
 
+    def must_renew(self) -> bool:
+        """Whether the grant went stale before its request left, with a renewal left to
+        replace it (counted here)."""
+        if self._done or self.renewals >= MAX_RENEWALS or not self.grant.stale:
+            return False
+        self.renewals += 1
+        return True
+
+    def _given_up(self) -> tuple[list[Grant], list[tuple[Grant, int]]]:
+        # Its slot went by unused: the lease, and the cost it took from the cost windows, go
+        # back (a refund is capped by the windows' headroom, settle.lua).
+        grant = self.grant
+        return [grant], ([(grant, 0)] if grant.cost else [])
+
+    def renew(self, request: Any) -> None:
+        """Give up the stale grant, then wait for a new slot (WaitTooLong as acquire), so the
+        request leaves at a slot of its own instead of beside the next on-time ones. Its lease
+        goes back first: under an in-flight cap it would hold a place the new slot waits for."""
+        grants, settles = self._given_up()
+        try:
+            self.limiter.release_many(grants, settles=settles)
+        except Exception as exc:  # the lease expires by itself
+            logger.warning("limiter %r: stale lease not given back: %s", self.limiter.name, exc)
+        self.grant = self.limiter.acquire(**self.accounting.acquire_options(request))
+
+    async def renew_async(self, request: Any) -> None:
+        """renew() with an AsyncLimiter."""
+        grants, settles = self._given_up()
+        try:
+            await self.limiter.release_many(grants, settles=settles)
+        except Exception as exc:
+            logger.warning("limiter %r: stale lease not given back: %s", self.limiter.name, exc)
+        self.grant = await self.limiter.acquire(**self.accounting.acquire_options(request))
+
 
 def observe_quietly(limiter: Any, grant: Grant, status_code: int, headers: Any) -> Feedback | None:
     """observe(), but a Redis that fails now does not lose the response already in hand: the
@@ -150,28 +199,33 @@ class Limited:
     def send_limited(
         self,
         request: Any,
-        send: Callable[[], Response],
+        send: Callable[[Callable[[], None]], Response],
         answer: Callable[[Response], tuple[int, Any]],
         discard: Callable[[Response], None],
         hand_over: Callable[[Response, Finish], None],
     ) -> Response:
-        """A slot, then `send()`; its (status, headers) (`answer`) fed back; a throttled one
+        """A slot, then `send(fresh)`; its (status, headers) (`answer`) fed back; a throttled one
         `discard`ed and sent again while `retries` last; else it is returned, its Finish (the
         lease back, the cost settled) done now when nothing waits for the body, or arranged by
-        `hand_over` for when the body is done."""
+        `hand_over` for when the body is done. A grant gone stale before the request leaves
+        (Grant.stale_at) is replaced by a new slot: checked before `send`, and again whenever
+        `send` calls `fresh()`, which a client that can should do right before it writes the
+        request, after any connection it opens for it."""
         accounting, limiter = self.accounting, self.limiter
         throttled = 0
         while True:
-            grant = limiter.acquire(
-                max_wait=accounting.max_wait,
-                lease_seconds=accounting.lease_seconds,
-                cost=accounting.estimate(request),
-            )
+            grant = limiter.acquire(**accounting.acquire_options(request))
             finish = Finish(limiter, grant, accounting, {})
+
+            def fresh(finish: Finish = finish) -> None:
+                if finish.must_renew():
+                    finish.renew(request)
+
             try:
-                response = send()
+                fresh()
+                response = send(fresh)
                 status, finish.headers = answer(response)
-                feedback = observe_quietly(limiter, grant, status, finish.headers)
+                feedback = observe_quietly(limiter, finish.grant, status, finish.headers)
                 if is_throttled(status, feedback) and throttled < accounting.retries:
                     throttled += 1
                     discard(response)
@@ -189,25 +243,32 @@ class Limited:
     async def send_limited_async(
         self,
         request: Any,
-        send: Callable[[], Awaitable[Response]],
+        send: Callable[[Callable[[], Awaitable[None]]], Awaitable[Response]],
         answer: Callable[[Response], tuple[int, Any]],
         discard: Callable[[Response], Awaitable[None]],
         hand_over: Callable[[Response, Finish], Awaitable[None]],
     ) -> Response:
-        """send_limited with an AsyncLimiter."""
+        """send_limited with an AsyncLimiter. Here a grant goes stale easily: the event loop
+        hands it over only between other coroutines' callbacks, and a burst of them (after a
+        stall, or while connections are opened) holds several grants at once, whose requests
+        then leave together."""
         accounting, limiter = self.accounting, self.limiter
         throttled = 0
         while True:
-            grant = await limiter.acquire(
-                max_wait=accounting.max_wait,
-                lease_seconds=accounting.lease_seconds,
-                cost=accounting.estimate(request),
-            )
+            grant = await limiter.acquire(**accounting.acquire_options(request))
             finish = Finish(limiter, grant, accounting, {})
+
+            async def fresh(finish: Finish = finish) -> None:
+                if finish.must_renew():
+                    await finish.renew_async(request)
+
             try:
-                response = await send()
+                await fresh()
+                response = await send(fresh)
                 status, finish.headers = answer(response)
-                feedback = await observe_quietly_async(limiter, grant, status, finish.headers)
+                feedback = await observe_quietly_async(
+                    limiter, finish.grant, status, finish.headers
+                )
                 if is_throttled(status, feedback) and throttled < accounting.retries:
                     throttled += 1
                     await discard(response)

@@ -40,7 +40,7 @@ class LimitedMiddleware(Limited):
 
         return await self.send_limited_async(
             request,
-            lambda: handler(request),
+            lambda fresh: handler(request),
             lambda response: (response.status, response.headers),
             discard,
             hand_over,

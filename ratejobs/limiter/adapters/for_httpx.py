@@ -5,7 +5,7 @@ transport for the client's kind (or the one given), so pools, HTTP/2 and proxies
 from __future__ import annotations
 
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -13,6 +13,13 @@ import httpx
 from ratejobs.limiter.adapters.accounting import MAX_COST_BODY_BYTES, Finish, Limited
 from ratejobs.limiter.aio import AsyncLimiter
 from ratejobs.limiter.sync import Limiter
+
+# httpcore's trace events (httpx's "trace" extension) as a request's headers are about to be
+# written, on HTTP/1.1 and HTTP/2, once its connection is open: the last moment to see that its
+# grant went stale meanwhile (a new connection's DNS, TCP and TLS, or httpcore's first use in
+# the process, come after the grant). Another transport never calls the trace: the check made
+# before handing it the request stands.
+WRITE_STARTS = ("http11.send_request_headers.started", "http2.send_request_headers.started")
 
 
 class LimitedTransport(Limited, httpx.BaseTransport):
@@ -34,9 +41,25 @@ class LimitedTransport(Limited, httpx.BaseTransport):
         def hand_over(response: httpx.Response, finish: Finish) -> None:
             response.stream = _FinishingStream(response, finish)
 
+        traced = request.extensions.get("trace")
+
+        def send(fresh: Callable[[], None]) -> httpx.Response:
+            def trace(event: str, info: dict[str, Any]) -> None:
+                if event.endswith(WRITE_STARTS):
+                    fresh()
+                if traced is not None:
+                    traced(event, info)
+
+            extensions = request.extensions
+            request.extensions = {**extensions, "trace": trace}
+            try:
+                return self.transport.handle_request(request)
+            finally:  # the caller's request as it was, to send again without a stale hook
+                request.extensions = extensions
+
         return self.send_limited(
             request,
-            lambda: self.transport.handle_request(request),
+            send,
             _answer,
             httpx.Response.close,
             hand_over,
@@ -63,9 +86,25 @@ class AsyncLimitedTransport(Limited, httpx.AsyncBaseTransport):
         async def hand_over(response: httpx.Response, finish: Finish) -> None:
             response.stream = _AsyncFinishingStream(response, finish)
 
+        traced = request.extensions.get("trace")
+
+        async def send(fresh: Callable[[], Awaitable[None]]) -> httpx.Response:
+            async def trace(event: str, info: dict[str, Any]) -> None:
+                if event.endswith(WRITE_STARTS):
+                    await fresh()
+                if traced is not None:
+                    await traced(event, info)
+
+            extensions = request.extensions
+            request.extensions = {**extensions, "trace": trace}
+            try:
+                return await self.transport.handle_async_request(request)
+            finally:  # the caller's request as it was, to send again without a stale hook
+                request.extensions = extensions
+
         return await self.send_limited_async(
             request,
-            lambda: self.transport.handle_async_request(request),
+            send,
             _answer,
             httpx.Response.aclose,
             hand_over,

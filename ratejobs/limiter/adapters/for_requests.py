@@ -36,7 +36,7 @@ class LimitedAdapter(Limited, HTTPAdapter):
 
         return self.send_limited(
             request,
-            lambda: HTTPAdapter.send(self, request, stream=stream, **options),
+            lambda fresh: HTTPAdapter.send(self, request, stream=stream, **options),
             lambda response: (response.status_code, response.headers),
             Response.close,
             hand_over,

@@ -29,7 +29,7 @@ ARGV[13] 1: with a grant, also reserve the caller's next slot (a spare, lib/sche
         reserve_spare), which it confirms like any reservation when it asks again; absent
         or 0: none
 
-Returns {code, wait_us, slot_us, generation, now_us, cost_seq, leased, spare_slot_us}
+Returns {code, wait_us, slot_us, generation, now_us, cost_seq, leased, spare_slot_us, late_us}
   0 GRANTED         send at slot_us, the granted slot: now (slot_us <= now_us), or, for a
                     slot up to lib/schedule.lua's CONFIRM_AHEAD_US away (a reservation confirmed
                     early, or a new one that near), after sleeping wait_us
@@ -47,6 +47,9 @@ Returns {code, wait_us, slot_us, generation, now_us, cost_seq, leased, spare_slo
   settle.lua), -1 when no reservation was made now or the request takes nothing from them
   leased is 1 when the slot holds a lease to give back (release.lua), 0 without an in-flight
   cap; spare_slot_us is the spare's slot under the same generation, -1 when none was made
+  late_us is how far past its slot a request may still leave: the slot's length (weight times
+  the interval, whole µs), as a holder a whole slot late queues again (reservation_holds); the
+  caller checks it once more right before it sends (core.Grant.stale_at), 0 when not configured
 Counts grants, new reservations (waits, with their wait), TOO_LONG and AT_CAPACITY answers in
 the state hash (lib/state.lua's COUNTERS); a grant samples the rate history when its last
 sample is ARGV[10] old.
@@ -54,7 +57,7 @@ sample is ARGV[10] old.
 
 local cfg = load_config(KEYS[1])
 if not cfg or config_outdated(cfg, ARGV[7]) then
-  return {4, 0, 0, 0, 0, -1, 0, -1}
+  return {4, 0, 0, 0, 0, -1, 0, -1, 0}
 end
 local weight = tonumber(ARGV[1])
 local cost = tonumber(ARGV[8]) or 0
@@ -73,6 +76,7 @@ use_history(st, KEYS[6], ARGV[10], ARGV[11])
 load_windows(KEYS[2], cfg, st, now)
 start_learning_phase(KEYS[2], cfg, st, now)
 local interval = interval_us(cfg, current_rate(cfg, st, now))
+local late = math.floor(weight * interval)
 local leased = takes_lease(cfg) and 1 or 0
 -- the keys this call may write; without a cap it takes no lease
 local bucket = leased == 1 and {KEYS[1], KEYS[2], KEYS[3]} or {KEYS[1], KEYS[2]}
@@ -85,9 +89,10 @@ if reservation_holds(st, now, held_slot, held_generation, weight, interval) then
     store_times(KEYS[2], now, st, spare >= 0 and {'granted_tat', 'tat'} or {'granted_tat'})
     store_windows(KEYS[2], st, now)
     renew_bucket(bucket, cfg, st, now, leased * (now + ttl), KEYS[5])
-    return {0, math.max(0, held_slot - now), held_slot, st.generation, now, -1, leased, spare}
+    return {0, math.max(0, held_slot - now), held_slot, st.generation, now, -1, leased, spare,
+      late}
   end
-  return {1, held_slot - now, held_slot, st.generation, now, -1, leased, -1}
+  return {1, held_slot - now, held_slot, st.generation, now, -1, leased, -1, late}
 end
 if held_slot >= 0 and held_generation == st.generation then
   give_back(KEYS[5], cfg, st, {{seq = tonumber(ARGV[9]) or -1, units = cost, granted = false}})
@@ -101,14 +106,14 @@ if max_wait >= 0 and wait > max_wait
   wake_waiters(cfg, KEYS[4], redis.call('ZREM', KEYS[3], lease_id))
   count(KEYS[2], 'too_long')
   renew_bucket(bucket, cfg, st, now, 0, KEYS[5])
-  return {2, wait, slot, st.generation, now, -1, leased, -1}
+  return {2, wait, slot, st.generation, now, -1, leased, -1, late}
 end
 
 if leased == 1 and not redis.call('ZSCORE', KEYS[3], lease_id)
     and free_leases(cfg, KEYS[3], now) <= 0 then
   count(KEYS[2], 'at_capacity')
   renew_bucket(bucket, cfg, st, now, 0, KEYS[5])
-  return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now, -1, leased, -1}
+  return {3, first_expiry_in(KEYS[3], now), 0, st.generation, now, -1, leased, -1, late}
 end
 
 local seq_before = st.cost_seq
@@ -128,6 +133,6 @@ store_times(KEYS[2], now, st, granted and {'tat', 'granted_tat'} or {'tat'})
 store_windows(KEYS[2], st, now)
 renew_bucket(bucket, cfg, st, now, leased * (slot + ttl), KEYS[5])
 if granted then
-  return {0, wait, slot, st.generation, now, seq, leased, spare}
+  return {0, wait, slot, st.generation, now, seq, leased, spare, late}
 end
-return {1, wait, slot, st.generation, now, seq, leased, -1}
+return {1, wait, slot, st.generation, now, seq, leased, -1, late}
