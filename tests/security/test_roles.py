@@ -360,6 +360,7 @@ ADMIN = [
 # /metrics is for a scraper with its token (closed here: no token is set), whoever is signed in;
 # /healthz answers every role alike (test_metrics_and_health_... below says what differs).
 SITE = [
+    Route("ratejobs_home", "GET", "/", (302, 302, 302, 302, 302), same=("HEAD",)),
     Route("metrics", "GET", "/metrics", (403, 403, 403, 403, 403), same=ANY),
     Route("health", "GET", "/healthz", (200, 200, 200, 200, 200), same=ANY),
 ]
