@@ -53,10 +53,30 @@ class ManagerAccess(StaffAccess):
 
 
 class ReadOnlyStaffAccess(StaffAccess):
-    """Records written by the workers (calls, throttle events): looked at, never edited."""
+    """Records written by the workers (calls, throttle events): a job's history, looked at and
+    never added, edited or deleted one at a time, by superusers neither. A job whose only call
+    was deleted still read "1 succeeded, 100 %" with a results file of its header alone.
+
+    They go only with what they belong to: a job's purge (which deletes outside the admin), or
+    a user or an API a superuser deletes on that one's own page, which asks this admin whether
+    the records it would take along may go."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return deletes_another_model(request, self.opts) and super().has_delete_permission(
+            request, obj
+        )
+
+
+def deletes_another_model(request: HttpRequest, opts: Any) -> bool:
+    """Whether `request` is another model's deletion (its delete page, or its list's bulk
+    delete) rather than one of the pages of `opts`' own admin."""
+    match = getattr(request, "resolver_match", None)
+    name = (match.url_name or "") if match is not None else ""
+    own = f"{opts.app_label}_{opts.model_name}_"
+    return name.endswith(("_delete", "_changelist")) and not name.startswith(own)

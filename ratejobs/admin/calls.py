@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.db.models import F, Q, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.http import HttpRequest
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -72,22 +76,73 @@ class CallOutcomeFilter(admin.SimpleListFilter):
         return queryset if chosen is None else queryset.filter(chosen[1])
 
 
+# The jobs the job filter offers besides the chosen one: the newest, since a list of every
+# job would be as long as the jobs table (a job's own page links to its calls, and the
+# filter's box takes any job's number).
+RECENT_JOBS = 8
+# Without a chosen job, the status codes offered are those of the newest calls: a DISTINCT over
+# every call ever made reads the whole table on each page.
+STATUS_CODE_SAMPLE = 5000
+
+
+def _number(value: str | None) -> int | None:
+    """A positive database id from the query string, or None for anything else."""
+    value = value or ""
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else None
+
+
 class JobFilter(admin.SimpleListFilter):
-    """One job's calls or events, reached from the job's page (?job=<id>). It lists the chosen
-    job only: a choice of every job would be a list as long as the jobs table."""
+    """One job's calls or events (?job__id__exact=<id>, as Django names a job lookup), offered
+    among the newest jobs and, for any other, by number in the filter's box."""
 
     title = "job"
-    parameter_name = "job"
+    parameter_name = "job__id__exact"
+    # The name the filter had before, still read: links to it went out in logs, the overview
+    # and submit_job's output (ShownFiltersOnly allows it too).
+    older_parameters = ("job",)
+    template = "admin/ratejobs/call/job_filter.html"
+
+    def __init__(
+        self, request: HttpRequest, params: dict, model: Any, model_admin: admin.ModelAdmin
+    ) -> None:
+        for older in self.older_parameters:
+            if older in params:
+                params.setdefault(self.parameter_name, params.pop(older))
+        super().__init__(request, params, model, model_admin)
+        # the box's form sends the list's other filters and its sorting along with the job
+        self.kept_parameters = [
+            (key, value)
+            for key, values in request.GET.lists()
+            if key not in (*self.expected_parameters(), "p")
+            for value in values
+        ]
+
+    def expected_parameters(self) -> list[str]:
+        return [self.parameter_name, *self.older_parameters]
+
+    def choices(self, changelist: Any) -> Iterator[dict[str, Any]]:
+        # SimpleListFilter's own, but dropping an older ?job= too: else "All" kept it
+        remove = self.expected_parameters()
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=remove),
+            "display": "All",
+        }
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == str(lookup),
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}, remove),
+                "display": title,
+            }
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
-        job_id = self.job_id()
-        if job_id is None:
-            return []
-        # the lists are scoped to the jobs the user sees, and so is the job's name here
-        job = (
-            job_list_for_user(request.user).filter(pk=job_id).values_list("name", flat=True).first()
-        )
-        return [(str(job_id), f"#{job_id} {job}" if job is not None else f"#{job_id}")]
+        # the lists are scoped to the jobs the user sees, and so are the jobs offered here
+        visible = job_list_for_user(request.user)
+        jobs = list(visible.values_list("pk", "name")[:RECENT_JOBS])
+        chosen = self.job_id()
+        if chosen is not None and all(pk != chosen for pk, _ in jobs):
+            jobs[:0] = visible.filter(pk=chosen).values_list("pk", "name")[:1] or [(chosen, "")]
+        return [(str(pk), f"#{pk} {name}".rstrip()) for pk, name in jobs]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() is None:
@@ -96,8 +151,92 @@ class JobFilter(admin.SimpleListFilter):
         return queryset.none() if job_id is None else queryset.filter(job_id=job_id)
 
     def job_id(self) -> int | None:
-        value = self.value() or ""
-        return int(value) if value.isascii() and value.isdigit() and len(value) < 19 else None
+        return _number(self.value())
+
+
+def chosen_job_id(request: HttpRequest) -> int | None:
+    """The job a list is filtered to, under either of JobFilter's names."""
+    names = (JobFilter.parameter_name, *JobFilter.older_parameters)
+    return next((_number(request.GET[name]) for name in names if name in request.GET), None)
+
+
+class StatusCodeFilter(admin.SimpleListFilter):
+    """Calls by the HTTP status of their last response, offering the codes the chosen job's
+    calls got (or, with no job chosen, the newest calls'), each with its count in the job."""
+
+    title = "status code"
+    parameter_name = "status_code__exact"
+    NONE = "none"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        job_id = chosen_job_id(request)
+        calls = model_admin.get_queryset(request)
+        if job_id is not None:
+            counts = status_code_counts(calls.filter(job_id=job_id))
+            choices = [(str(code), f"{code} ({count})") for code, count in counts]
+        else:
+            newest = calls.order_by("-pk").values_list("status_code", flat=True)
+            codes = sorted({code for code in newest[:STATUS_CODE_SAMPLE] if code is not None})
+            choices = [(str(code), str(code)) for code in codes]
+        chosen = self.value()
+        if chosen not in (None, self.NONE) and all(value != chosen for value, _ in choices):
+            choices.append((chosen, chosen))  # still shown as the one chosen
+        return [*choices, (self.NONE, "no response")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Call]) -> QuerySet[Call]:
+        value = self.value()
+        if value is None:
+            return queryset
+        if value == self.NONE:
+            return queryset.filter(status_code__isnull=True)
+        code = _number(value)
+        return queryset.none() if code is None else queryset.filter(status_code=code)
+
+
+def status_code_counts(calls: QuerySet[Call]) -> list[tuple[int, int]]:
+    """(status code, number of calls) among `calls` that got a response, lowest code first."""
+    rows = (
+        calls.filter(status_code__isnull=False)
+        .order_by("status_code")
+        .values_list("status_code")
+        .annotate(count=Count("pk"))
+    )
+    return [(code, count) for code, count in rows]
+
+
+def calls_url(job_id: int, **filters: Any) -> str:
+    """The Calls list filtered to one job, and to `filters` (status__exact=..., ...)."""
+    query = urlencode({JobFilter.parameter_name: job_id, **filters})
+    return f"{reverse('admin:ratejobs_call_changelist')}?{query}"
+
+
+def job_calls_links_html(job: Any) -> str:
+    """The job page's links to its calls: all, failed, and each status code the job's calls
+    got, with their counts ("200 (480) · 429 (3) · 500 (2)")."""
+    codes = status_code_counts(Call.objects.filter(job=job))
+    context = {
+        "job": job,
+        "all_url": calls_url(job.pk),
+        "failed_url": calls_url(job.pk, status__exact=Call.Status.FAILED),
+        "codes": [
+            (code, count, calls_url(job.pk, status_code__exact=code)) for code, count in codes
+        ],
+        "events_url": events_url(job.pk),
+    }
+    return render_to_string("admin/ratejobs/job/_calls_links.html", context)
+
+
+def events_url(job_id: int) -> str:
+    query = urlencode({JobFilter.parameter_name: job_id})
+    return f"{reverse('admin:ratejobs_throttleevent_changelist')}?{query}"
+
+
+def job_link(job: Any) -> str:
+    """The job's name, linked to its page."""
+    if job is None:
+        return "—"
+    url = reverse("admin:ratejobs_job_change", args=[job.pk])
+    return format_html('<a href="{}">{}</a>', url, clipped(job.name))
 
 
 @admin.register(Call)
@@ -113,7 +252,7 @@ class CallAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
         "finished_clock",
     )
     list_display_links = ("call_column",)
-    list_filter = (CallOutcomeFilter, "method", "job__api", JobFilter)
+    list_filter = (JobFilter, "job__api", "status", StatusCodeFilter, CallOutcomeFilter, "method")
     search_fields = ("path",)
     list_select_related = ("job",)
     list_per_page = 100
@@ -244,7 +383,7 @@ class ThrottleEventAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin
         "retry_after_column",
         "rate_change_column",
     )
-    list_filter = ("kind", "api", "created", JobFilter)
+    list_filter = (JobFilter, "api", "kind", "created")
     date_hierarchy = "created"
     list_select_related = ("api", "job")
     list_per_page = 100
@@ -274,7 +413,7 @@ class ThrottleEventAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin
 
     @admin.display(description="job", ordering="job__name")
     def job_column(self, event: ThrottleEvent) -> str:
-        return "—" if event.job is None else clipped(event.job.name)
+        return job_link(event.job)
 
     @admin.display(description="call", ordering="call__index")
     def call_link(self, event: ThrottleEvent) -> str:

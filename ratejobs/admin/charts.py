@@ -9,8 +9,8 @@ from datetime import timedelta
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from ratejobs.selectors.job_chart import JobChart
-from ratejobs.text import clock_text, duration_text, rate_text
+from ratejobs.selectors.job_chart import OPERATOR, OTHER_JOB, OWN, JobChart
+from ratejobs.text import clock_text, duration_text, rate_text, seconds_text
 
 WIDTH, HEIGHT = 720, 230
 LEFT, RIGHT, TOP, BOTTOM = 52, 14, 30, 38
@@ -110,9 +110,10 @@ def job_chart_svg(chart: JobChart | None) -> SafeString:
     )
     blocks = format_html_join(
         "",
-        '<rect class="rj-block" x="{}" y="{}" width="{}" height="{}"><title>{}</title></rect>',
+        '<rect class="{}" x="{}" y="{}" width="{}" height="{}"><title>{}</title></rect>',
         (
             (
+                "rj-block" if block.own else "rj-block rj-block-other",
                 f"{x(block.start):.1f}",
                 TOP,
                 f"{max(x(block.end) - x(block.start), 1.0):.1f}",
@@ -182,7 +183,7 @@ def job_chart_svg(chart: JobChart | None) -> SafeString:
             clock_text(chart.start + timedelta(seconds=last_at)),
         )
     legend = _legend(chart)
-    return format_html(
+    svg = format_html(
         '<svg class="rj-chart" viewBox="0 0 {w} {h}" width="100%" role="img" '
         'aria-label="calls per second, the granted rate, blocks and 429s over time" '
         'xmlns="http://www.w3.org/2000/svg">'
@@ -209,13 +210,40 @@ def job_chart_svg(chart: JobChart | None) -> SafeString:
         note=f"{duration_text(span)} in {timeline.bucket_seconds} s buckets",
         legend=legend,
     )
+    return format_html('{}<p class="rj-chart-note">{}</p>', svg, blocks_note(chart))
+
+
+def blocks_note(chart: JobChart) -> str:
+    """Whose 429s made the job wait, in words under the chart: a job without a 429 of its own
+    may still sit beside shaded spans that another job's 429 or an operator's block caused,
+    and the page must not say the limiter kept it clear of throttling then."""
+    blocked = chart.blocked_seconds
+    own = chart.own_throttles
+    if own:
+        text = f"{own:,} × 429 for this job"
+        if blocked.get(OWN):
+            text += f" (they blocked the API {seconds_text(blocked[OWN])})"
+    else:
+        text = "No 429 for this job"
+        if blocked.get(OWN):  # a spent quota the rate limit headers told of
+            text += f"; its spent quota blocked the API {seconds_text(blocked[OWN])}"
+    others = []
+    if blocked.get(OTHER_JOB):
+        others.append(f"{seconds_text(blocked[OTHER_JOB])} by another job's 429s")
+    if blocked.get(OPERATOR):
+        others.append(f"{seconds_text(blocked[OPERATOR])} by an operator's block")
+    if others:
+        text += "; the API was blocked " + " and ".join(others) + " (grey)"
+    elif not own and not blocked.get(OWN):
+        text += "; the API was not blocked while it ran"
+    return text + "."
 
 
 # Legend entries: (CSS class of the swatch, how it is drawn, text).
 _SWATCH = {
     "bar": '<rect class="rj-bar" x="{x}" y="6" width="10" height="10"/>',
     "line": '<line class="{cls}" x1="{x}" y1="11" x2="{x2}" y2="11"/>',
-    "block": '<rect class="rj-block" x="{x}" y="6" width="10" height="10"/>',
+    "block": '<rect class="{cls}" x="{x}" y="6" width="10" height="10"/>',
     "429": '<rect class="rj-429" x="{x}" y="8" width="10" height="6"/>',
 }
 
@@ -225,7 +253,10 @@ def _legend(chart: JobChart) -> SafeString:
     if chart.adaptive and chart.rate_steps:
         entries.append(("line", "rj-rate", chart.rate_source))
     entries.append(("line", "rj-ceiling", "ceiling"))
-    entries.append(("block", "", "API blocked"))
+    if any(block.own for block in chart.blocks) or not chart.blocks:
+        entries.append(("block", "rj-block", "blocked by this job"))
+    if any(not block.own for block in chart.blocks):
+        entries.append(("block", "rj-block rj-block-other", "blocked by others"))
     entries.append(("429", "", "429s"))
     parts = []
     at = LEFT

@@ -28,6 +28,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from ratejobs.admin.access import StaffAccess, sees_every_job
+from ratejobs.admin.calls import job_calls_links_html
 from ratejobs.admin.cells import clock_column
 from ratejobs.admin.charts import job_chart_svg
 from ratejobs.admin.confirm import confirmation_page, confirmed
@@ -44,6 +45,7 @@ from ratejobs.selectors.jobs import (
     job_done_text,
     job_duration_seconds,
     job_eta_seconds,
+    job_eta_text,
     job_filter_by_outcome,
     job_is_final,
     job_outcome,
@@ -132,6 +134,7 @@ def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
     average = job_average_rate(job)
     notice = job_block_notice(job)
     ran, cancelled = progress_shares(job)
+    eta_seconds = job_eta_seconds(job, pace)
     return {
         "id": job.pk,
         "status": job.status,
@@ -149,10 +152,21 @@ def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
         "ran_percent": round(ran, 1),
         "cancelled_percent": round(cancelled, 1),
         "pace": round(average if final and average is not None else pace, 2),
-        "pace_text": rate_text(average if final else pace) if job.started else "—",
+        # A paused job has no pace: calls that ended just after the pause are not its pace.
+        "pace_text": (
+            "paused"
+            if job.status == Job.Status.PAUSED
+            else rate_text(average if final else pace)
+            if job.started
+            else "—"
+        ),
         "average_rate": rate_text(average),
         "duration": seconds_text(job_duration_seconds(job)),
-        "eta": duration_text(job_eta_seconds(job, pace)),
+        # "eta" always names a duration (the browser test's units); why there is none goes
+        # under "eta_note" instead, and the page shows whichever field "eta_field" names.
+        "eta": duration_text(eta_seconds),
+        "eta_field": "eta" if eta_seconds is not None else "eta_note",
+        "eta_note": "" if eta_seconds is not None else job_eta_text(job, pace),
         "started": moment_text(job.started),
         "finished": moment_text(job.finished),
         "actions": job_actions_allowed(job),
@@ -240,7 +254,7 @@ class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
     callback_delivered_clock = clock_column("callback_delivered_at", "callback delivered")
     readonly_fields = (
         "name", "api", "credential_key", "owner", "priority", "created_clock", "not_before_clock",
-        "deadline_clock",
+        "deadline_clock", "calls_links",
     )  # fmt: skip
     fields = readonly_fields
     # The delivery of the job's callback (services.callbacks), under the job's own fields.
@@ -284,6 +298,11 @@ class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
         if sees_every_job(request):
             return self.list_filter
         return (OutcomeFilter, "api")
+
+    @admin.display(description="calls")
+    def calls_links(self, job: Job) -> str:
+        """Links to the job's calls in the Calls list: all, failed, by status code."""
+        return job_calls_links_html(job)
 
     @admin.display(description="status", ordering="status")
     def status_column(self, job: Job) -> str:

@@ -33,8 +33,10 @@ def shown_filter_parameters(model_admin: Any, request: HttpRequest | None) -> se
     parameters: set[str] = set()
     for item in filters:
         if isinstance(item, type) and issubclass(item, ListFilter):
-            # a SimpleListFilter reads one parameter; its queryset() decides what it means
+            # a SimpleListFilter reads one parameter (and the names it had before, if it
+            # says so); its queryset() decides what it means
             parameters.add(item.parameter_name)
+            parameters.update(getattr(item, "older_parameters", ()))
             continue
         path, make = item if isinstance(item, (list, tuple)) else (item, FieldListFilter.create)
         field = get_fields_from_path(model_admin.model, path)[-1]

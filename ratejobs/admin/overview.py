@@ -21,6 +21,7 @@ from django.utils.safestring import SafeString
 from django.utils.timezone import localtime
 
 from ratejobs.admin.access import is_staff
+from ratejobs.admin.charts import nice_ticks
 from ratejobs.admin.jobs import progress_bar
 from ratejobs.limiter import LimiterState
 from ratejobs.limiter.core import WindowState
@@ -28,6 +29,7 @@ from ratejobs.models import Job
 from ratejobs.selectors.jobs import job_done_text, job_outcome
 from ratejobs.selectors.overview import (
     IN_PROGRESS,
+    RECENTLY_FINISHED_SECONDS,
     TRAFFIC_BUCKET_SECONDS,
     TRAFFIC_SECONDS,
     ApiOverview,
@@ -51,6 +53,7 @@ REFRESH_SECONDS = 2
 SECTION_TEMPLATES = {
     "apis": "admin/ratejobs/overview/apis.html",
     "jobs": "admin/ratejobs/overview/jobs.html",
+    "finished": "admin/ratejobs/overview/finished.html",
     "attention": "admin/ratejobs/overview/attention.html",
 }
 
@@ -93,17 +96,31 @@ def blocked_text(item: ApiOverview, now: datetime) -> str:
 
 # --- the sparkline -------------------------------------------------------------------------
 
-SPARK_W, SPARK_H = 150, 34
+SPARK_W, SPARK_H = 150, 34  # the plot's width; the SVG is SPARK_SCALE_W wider
 SPARK_PLOT_H = 27  # above it, a strip for the 429 marks
 SPARK_MARK_H = 4
+# Left of the plot, its scale: the top's calls/s and the baseline's 0 (room for "2500/s").
+SPARK_SCALE_W = 38
+
+
+def sparkline_top(highest: float) -> float:
+    """The calls/s at the top of the sparkline: a round value at or above `highest` (its
+    label reads "20/s", not "18.73/s"); 1/s for an idle API."""
+    return nice_ticks(highest * 1.05, 2)[-1] if highest > 0 else 1.0
+
+
+def count_text(count: int, unit: str) -> str:
+    """ "1 call", "500 calls": a count always says what it counts."""
+    return f"{count:,} {unit}{'' if count == 1 else 's'}"
 
 
 def sparkline_svg(traffic: ApiTraffic, ceiling_per_second: float | None) -> SafeString:
     """Calls/s of the last 5 minutes in 10 s bars, red marks under the buckets that got 429s,
     and the ceiling as a dashed line when the API's limiter could be read."""
     rates = traffic.calls_per_second
-    top = max(max(rates, default=0.0), ceiling_per_second or 0.0) * 1.1 or 1.0
+    top = sparkline_top(max(max(rates, default=0.0), ceiling_per_second or 0.0))
     bar_w = SPARK_W / len(rates)
+    left = SPARK_SCALE_W
 
     def y(value: float) -> float:
         return SPARK_PLOT_H - value / top * SPARK_PLOT_H
@@ -113,7 +130,7 @@ def sparkline_svg(traffic: ApiTraffic, ceiling_per_second: float | None) -> Safe
         '<rect class="rj-bar" x="{}" y="{}" width="{}" height="{}"/>',
         (
             (
-                f"{i * bar_w:.1f}",
+                f"{left + i * bar_w:.1f}",
                 f"{y(rate):.1f}",
                 f"{bar_w - 1:.1f}",
                 f"{SPARK_PLOT_H - y(rate):.1f}",
@@ -126,31 +143,45 @@ def sparkline_svg(traffic: ApiTraffic, ceiling_per_second: float | None) -> Safe
         "",
         '<rect class="rj-429" x="{}" y="{}" width="{}" height="{}"><title>{} × 429</title></rect>',
         (
-            (f"{i * bar_w:.1f}", SPARK_H - SPARK_MARK_H, f"{bar_w - 1:.1f}", SPARK_MARK_H, count)
+            (
+                f"{left + i * bar_w:.1f}",
+                SPARK_H - SPARK_MARK_H,
+                f"{bar_w - 1:.1f}",
+                SPARK_MARK_H,
+                count,
+            )
             for i, count in enumerate(traffic.throttled)
             if count
         ),
     )
     ceiling = (
         format_html(
-            '<line class="rj-limit" x1="0" y1="{y}" x2="{w}" y2="{y}"/>',
+            '<line class="rj-limit" x1="{l}" y1="{y}" x2="{w}" y2="{y}"/>',
+            l=left,
             y=f"{y(ceiling_per_second):.1f}",
-            w=SPARK_W,
+            w=left + SPARK_W,
         )
         if ceiling_per_second
         else ""
     )
     summary = (
         f"calls/s over the last {TRAFFIC_SECONDS // 60} min in {TRAFFIC_BUCKET_SECONDS} s "
-        f"buckets: peak {rate_text(max(rates, default=0.0))}, {traffic.throttles} × 429"
+        f"buckets (scale 0 to {top:g}/s): peak {rate_text(max(rates, default=0.0))}, "
+        f"{traffic.throttles} × 429"
     )
     return format_html(
         '<svg class="rj-sparkline" viewBox="0 0 {w} {h}" width="{w}" height="{h}" role="img" '
         'aria-label="{summary}" xmlns="http://www.w3.org/2000/svg"><title>{summary}</title>'
-        '<line class="rj-axis" x1="0" y1="{base}" x2="{w}" y2="{base}"/>{bars}{ceiling}{marks}'
+        '<text class="rj-spark-scale" x="{lx}" y="7" text-anchor="end">{top}</text>'
+        '<text class="rj-spark-scale" x="{lx}" y="{base}" text-anchor="end">0</text>'
+        '<line class="rj-axis" x1="{l}" y1="0" x2="{l}" y2="{base}"/>'
+        '<line class="rj-axis" x1="{l}" y1="{base}" x2="{w}" y2="{base}"/>{bars}{ceiling}{marks}'
         "</svg>",
-        w=SPARK_W,
+        w=left + SPARK_W,
         h=SPARK_H,
+        l=left,
+        lx=left - 3,
+        top=f"{top:g}/s",
         base=SPARK_PLOT_H,
         summary=summary,
         bars=bars,
@@ -177,8 +208,13 @@ def api_row(item: ApiOverview, now: datetime) -> dict[str, Any]:
         "is_blocked": item.blocked_for > 0,
         "blocked_for": round(item.blocked_for, 1),
         "in_flight": "—" if state is None else in_flight_text(state),
+        # 429s are refused attempts of calls, not calls: counted apart, each labelled, and the
+        # requests the API answered (both) only under their own name.
         "throttles_5m": item.traffic.throttles,
-        "grants_5m": item.traffic.sent,
+        "throttles_5m_text": f"{item.traffic.throttles:,} × 429",
+        "calls_finished_5m": item.traffic.finished_calls,
+        "calls_finished_5m_text": count_text(item.traffic.finished_calls, "call"),
+        "requests_5m": item.traffic.sent,
         "calls_per_second": item.traffic.calls_per_second,
         "throttled": list(item.traffic.throttled),
         "sparkline": sparkline_svg(
@@ -188,7 +224,16 @@ def api_row(item: ApiOverview, now: datetime) -> dict[str, Any]:
 
 
 def job_row(item: JobOverview) -> dict[str, Any]:
+    """A job in progress; pace and ETA only when they can be measured (a running job), else
+    what stands in for them ("paused", "starts at …"), which the page shows under another
+    data-field so that a cell named "pace" or "eta" always holds a rate or a duration."""
     job = item.job
+    if job.status == Job.Status.PAUSED:
+        pace_text = "paused"
+    elif job.status == Job.Status.RUNNING and job.started:
+        pace_text = rate_text(item.pace)
+    else:
+        pace_text = "—"
     return {
         "id": job.pk,
         "name": job.name,
@@ -202,8 +247,35 @@ def job_row(item: JobOverview) -> dict[str, Any]:
         "done": job.done,
         "total": job.total,
         "pace": round(item.pace, 2),
-        "pace_text": rate_text(item.pace) if job.started else "—",
-        "eta": duration_text(item.eta_seconds),
+        "pace_text": pace_text,
+        "pace_is_rate": pace_text.endswith("/s"),
+        "eta": item.eta_text,
+        "eta_seconds": None if item.eta_seconds is None else round(item.eta_seconds, 1),
+    }
+
+
+def finished_row(job: Job, now: datetime) -> dict[str, Any]:
+    """A job that ended lately: how (job_outcome: a completed job with failed or unsent calls
+    never reads as a success), when, and what its calls came to."""
+    outcome = job_outcome(job)
+    return {
+        "id": job.pk,
+        "name": job.name,
+        "url": reverse("admin:ratejobs_job_change", args=[job.pk]),
+        "api": job.api.name,
+        "outcome": outcome.key,
+        "outcome_display": outcome.label,
+        "finished": when_text(job.finished, now) if job.finished else "—",
+        "total": job.total,
+        "succeeded": job.succeeded,
+        "failed": job.failed,
+        "cancelled": job.cancelled,
+        "throttled": job.throttled,
+        "total_text": count_text(job.total, "call"),
+        "succeeded_text": count_text(job.succeeded, "call"),
+        "failed_text": count_text(job.failed, "call"),
+        "cancelled_text": count_text(job.cancelled, "call"),
+        "throttled_text": f"{job.throttled:,} × 429",
     }
 
 
@@ -312,6 +384,9 @@ def overview_context(request: HttpRequest) -> dict[str, Any]:
         "jobs": [job_row(item) for item in overview.jobs],
         "jobs_not_shown": overview.jobs_not_shown,
         "jobs_list_url": reverse("admin:ratejobs_job_changelist"),
+        "finished_jobs": [finished_row(job, overview.now) for job in overview.finished_jobs],
+        "finished_jobs_not_shown": overview.finished_jobs_not_shown,
+        "finished_minutes": RECENTLY_FINISHED_SECONDS // 60,
         "attention": attention_items(overview),
     }
 
@@ -335,7 +410,7 @@ def overview_view(request: HttpRequest) -> TemplateResponse:
 
 
 def overview_data_view(request: HttpRequest) -> JsonResponse:
-    """The page's figures, and its three sections rendered again for overview.js."""
+    """The page's figures, and its sections rendered again for overview.js."""
     _require_staff(request)
     context = overview_context(request)
     html = {
@@ -351,6 +426,8 @@ def overview_data_view(request: HttpRequest) -> JsonResponse:
         "apis": apis,
         "jobs": jobs,
         "jobs_not_shown": context["jobs_not_shown"],
+        "finished_jobs": context["finished_jobs"],
+        "finished_jobs_not_shown": context["finished_jobs_not_shown"],
         "attention": attention,
         "html": html,
     })  # fmt: skip

@@ -51,8 +51,8 @@ SCHEMA_SETTINGS: dict[str, Any] = {
 
 
 class RatejobsDefaults:
-    # Token first: an anonymous request is then told 401 with `WWW-Authenticate: Token`. Bad
-    # tokens are throttled per address (ratejobs.login_throttle).
+    # Token first: an anonymous request is then told 401 with `WWW-Authenticate: Token, Bearer`.
+    # Bad tokens are throttled per address (ratejobs.login_throttle).
     authentication_classes = [ThrottledTokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
     parser_classes = [LimitedJSONParser]

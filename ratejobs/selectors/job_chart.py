@@ -40,13 +40,20 @@ RECENT_BLOCKS = 20
 RATE_EVENT_KINDS = (ThrottleEvent.Kind.THROTTLED, ThrottleEvent.Kind.RATE_DECREASED)
 
 
+# Who caused a block, as the job page tells them apart: a 429 (or spent quota) of this job's
+# own calls, one of another job's on the same API, or an operator.
+OWN, OTHER_JOB, OPERATOR = "own", "other_job", "operator"
+
+
 @dataclass(frozen=True)
 class BlockSpan:
-    """A stretch of the chart when no call of the API could be sent, in seconds from its start."""
+    """A stretch of the chart when no call of the API could be sent, in seconds from its start;
+    `own`: caused by this job's own responses, not by another job or an operator."""
 
     start: float
     end: float
     title: str
+    own: bool = True
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,11 @@ class JobChart:
     rate_steps: list[tuple[float, float]]
     rate_source: str  # where rate_steps come from, said in the chart's legend
     blocks: list[BlockSpan]
+    # Seconds of the chart the API was blocked, by cause (OWN, OTHER_JOB, OPERATOR), each the
+    # union of its blocks: a job with no 429 of its own can still have waited out others'.
+    blocked_seconds: dict[str, float]
+    # 429s of this job's own calls over the chart
+    own_throttles: int
 
     @property
     def start(self) -> datetime:
@@ -188,6 +200,7 @@ def job_chart(job: Job) -> JobChart | None:
     end = min(job.finished or timezone.now(), timeline.start + timedelta(seconds=span))
     ceiling = job.api.rate / job.api.period
     steps, source = _rate_steps(job, timeline.start, end, ceiling)
+    blocks, blocked_seconds = _block_spans(job, timeline.start, end)
     return JobChart(
         timeline=timeline,
         span_seconds=span,
@@ -195,7 +208,9 @@ def job_chart(job: Job) -> JobChart | None:
         adaptive=job.api.adaptive,
         rate_steps=steps,
         rate_source=source,
-        blocks=_block_spans(job, timeline.start, end),
+        blocks=blocks,
+        blocked_seconds=blocked_seconds,
+        own_throttles=sum(timeline.throttled),
     )
 
 
@@ -256,30 +271,62 @@ def _fewer_steps(points: list[tuple[float, float]], length: float) -> list[tuple
     return [bins[key] for key in sorted(bins)]
 
 
-def _block_spans(job: Job, start: datetime, end: datetime) -> list[BlockSpan]:
-    """The API's blocks over the chart, overlapping ones joined into one span."""
+def block_cause(event: ThrottleEvent, job: Job) -> str:
+    """OWN, OTHER_JOB or OPERATOR: who made the API wait with this event."""
+    if event.kind == ThrottleEvent.Kind.BLOCKED:
+        return OPERATOR
+    return OWN if event.job_id == job.pk else OTHER_JOB
+
+
+def _block_spans(
+    job: Job, start: datetime, end: datetime
+) -> tuple[list[BlockSpan], dict[str, float]]:
+    """The API's blocks over the chart, overlapping ones of the same side (this job's own, or
+    others') joined into one span; and the seconds blocked by each cause."""
     events = list(
         blocking_events(job.api_id).filter(
             created__gte=start - BLOCKS_BEFORE_START, created__lte=end
         )[:MAX_CHART_EVENTS]
     )
     events.reverse()  # oldest first
-    groups: list[tuple[float, float, list[ThrottleEvent]]] = []  # (from, to, events), seconds
+    length = _offset(end, start)
+    # (from, to, events) in seconds, per side: an own 429 inside another job's block stays
+    # visible as its own span rather than being taken into the other's title.
+    groups: dict[bool, list[tuple[float, float, list[ThrottleEvent]]]] = {True: [], False: []}
+    intervals: dict[str, list[tuple[float, float]]] = {OWN: [], OTHER_JOB: [], OPERATOR: []}
     for event in events:
         begin = _offset(event.created, start)
         finish = begin + event.retry_after
         if finish <= 0:
             continue
-        if groups and begin <= groups[-1][1]:
-            first, last, joined = groups[-1]
+        cause = block_cause(event, job)
+        intervals[cause].append((begin, finish))
+        side = groups[cause == OWN]
+        if side and begin <= side[-1][1]:
+            first, last, joined = side[-1]
             joined.append(event)
-            groups[-1] = (first, max(last, finish), joined)
+            side[-1] = (first, max(last, finish), joined)
         else:
-            groups.append((begin, finish, [event]))
-    length = _offset(end, start)
-    return [
-        _block_span(job, start, begin, finish, joined, length) for begin, finish, joined in groups
+            side.append((begin, finish, [event]))
+    spans = [
+        _block_span(job, start, begin, finish, joined, length, own=own)
+        for own, side in groups.items()
+        for begin, finish, joined in side
     ]
+    spans.sort(key=lambda span: (span.start, not span.own))
+    seconds = {cause: _covered(spans_of, length) for cause, spans_of in intervals.items()}
+    return spans, seconds
+
+
+def _covered(intervals: list[tuple[float, float]], length: float) -> float:
+    """Seconds of [0, length] inside any of the intervals (overlaps counted once)."""
+    total, reached = 0.0, 0.0
+    for begin, finish in sorted(intervals):
+        begin, finish = max(begin, reached, 0.0), min(finish, length)
+        if finish > begin:
+            total += finish - begin
+            reached = finish
+    return round(total, 3)  # offsets in float seconds: 10 s must not read 9.999… s
 
 
 def _block_span(
@@ -289,6 +336,8 @@ def _block_span(
     finish: float,
     joined: list[ThrottleEvent],
     length: float,
+    *,
+    own: bool,
 ) -> BlockSpan:
     """One shaded span, titled with its first block's reason and how many more it took in."""
     began, ended = (start + timedelta(seconds=at) for at in (begin, finish))
@@ -298,4 +347,4 @@ def _block_span(
     )
     if len(joined) > 1:
         title += f" (and {len(joined) - 1} more block{'s' if len(joined) > 2 else ''})"
-    return BlockSpan(start=max(begin, 0.0), end=min(finish, length), title=title)
+    return BlockSpan(start=max(begin, 0.0), end=min(finish, length), title=title, own=own)

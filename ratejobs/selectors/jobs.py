@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
 from ratejobs.permissions import sees_every_job
+from ratejobs.text import duration_text, moment_text
 
 # Columns of a call that no listing shows: the request's own body (up to a MiB each) and the
 # workers' bookkeeping.
@@ -186,14 +187,15 @@ PACE_WINDOW_SECONDS = 60.0
 
 
 def job_paces(jobs: Iterable[Job]) -> dict[int, float]:
-    """Calls/s each job finished over the last minute (or since it started, if later), in
-    one query for the whole page of jobs."""
+    """Calls/s each running job finished over the last minute (or since it started, if later),
+    in one query for the whole page of jobs. Only running jobs have one: a paused job's calls
+    still on the wire when it was paused would read as a pace it no longer has."""
     now = timezone.now()
     cutoff = now - timedelta(seconds=PACE_WINDOW_SECONDS)
     windows = {
         job.pk: min(PACE_WINDOW_SECONDS, max((now - job.started).total_seconds(), 1.0))
         for job in jobs
-        if job.started is not None
+        if job.started is not None and job.status == Job.Status.RUNNING
     }
     if not windows:
         return {}
@@ -284,17 +286,29 @@ MIN_RATE_SECONDS = 1.0
 
 
 def job_average_rate(job: Job) -> float | None:
-    """Calls sent and ended per second over the job's duration; None before it starts."""
+    """Calls sent and ended per second over the job's duration; None before it starts, and
+    while it is paused: its duration then grows with time in which nothing may run, and the
+    pause intervals are not recorded to take them out (services.jobs.job_pause)."""
     seconds = job_duration_seconds(job)
-    if seconds is None:
+    if seconds is None or job.status == Job.Status.PAUSED:
         return None
     return job_ran(job) / max(seconds, MIN_RATE_SECONDS)
 
 
-def job_eta_seconds(job: Job, pace: float) -> float | None:
+def job_starts_later(job: Job, now: datetime | None = None) -> bool:
+    """Nothing of the unfinished job may be sent yet: its not_before is still ahead."""
+    if job_is_final(job) or job.not_before is None:
+        return False
+    return job.not_before > (now or timezone.now())
+
+
+def job_eta_seconds(job: Job, pace: float, now: datetime | None = None) -> float | None:
     """Seconds until a running job is done at its pace, never faster than its API allows;
-    None when the job is not moving by itself (paused, cancelled, completed)."""
-    if job.status not in Job.ACTIVE:
+    None when there is nothing to estimate from: a queued job has not sent a call (it waits for
+    its not_before, a worker or its API's window, none of which says when), a job whose
+    not_before is ahead cannot start before it, and a paused, cancelled or completed job is
+    not moving by itself."""
+    if job.status != Job.Status.RUNNING or job_starts_later(job, now):
         return None
     remaining = job.total - job.done
     if remaining <= 0:
@@ -302,6 +316,20 @@ def job_eta_seconds(job: Job, pace: float) -> float | None:
     limit = job.api.rate / job.api.period
     speed = min(pace, limit) if pace > 0 else limit
     return remaining / speed
+
+
+def job_eta_text(job: Job, pace: float, now: datetime | None = None) -> str:
+    """The ETA as an operator reads it: a duration only when job_eta_seconds can estimate one;
+    otherwise why there is none ("starts at 2030-01-01 09:00:00", "paused"), never "0 s"."""
+    if job_is_final(job):
+        return "—"
+    if job_starts_later(job, now):
+        return f"starts at {moment_text(job.not_before)}"
+    if job.status == Job.Status.PAUSED:
+        return "paused"
+    if job.status == Job.Status.QUEUED:
+        return "not started: waiting for the window"
+    return duration_text(job_eta_seconds(job, pace, now))
 
 
 @dataclass(frozen=True)

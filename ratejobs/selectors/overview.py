@@ -28,7 +28,12 @@ from ratejobs.infra.heartbeats import owner_is_dead
 from ratejobs.models import Api, Call, Job, JobSecond, ThrottleEvent, WorkerProcess
 from ratejobs.selectors.apis import LimiterReading, api_limiter_readings, api_list
 from ratejobs.selectors.job_chart import blocks_holding_until
-from ratejobs.selectors.jobs import job_eta_seconds, job_list_for_user, job_paces
+from ratejobs.selectors.jobs import (
+    job_eta_seconds,
+    job_eta_text,
+    job_list_for_user,
+    job_paces,
+)
 
 # The sparkline and the "last 5 minutes" figures: 30 buckets of 10 s.
 TRAFFIC_SECONDS = 300
@@ -39,6 +44,10 @@ JOBS_SHOWN = 50
 # Jobs with failed calls are worth a look while they run and for an hour after they finish.
 FAILURES_RECENT_SECONDS = 3600
 FAILED_JOBS_SHOWN = 10
+# A job that just ended stays on the page this long, so its outcome is seen after it leaves
+# the jobs in progress.
+RECENTLY_FINISHED_SECONDS = 3600
+RECENTLY_FINISHED_SHOWN = 20
 # Workers write a heartbeat every RATEJOBS_WORKER_HEARTBEAT_SECONDS (5); a minute without one
 # while jobs wait is no hiccup.
 WORKERS_SEEN_WITHIN_SECONDS = 60
@@ -62,9 +71,14 @@ class ApiTraffic:
         return sum(self.throttled)
 
     @property
+    def finished_calls(self) -> int:
+        """Calls that ended (succeeded or failed): a call's 429s are attempts of it, not calls."""
+        return sum(self.finished)
+
+    @property
     def sent(self) -> int:
         """Requests the API answered: calls that ended, and 429s (each one was sent too)."""
-        return sum(self.finished) + self.throttles
+        return self.finished_calls + self.throttles
 
     @property
     def calls_per_second(self) -> list[float]:
@@ -88,8 +102,9 @@ class ApiOverview:
 @dataclass(frozen=True)
 class JobOverview:
     job: Job
-    pace: float  # calls/s over the last minute
+    pace: float  # calls/s over the last minute; 0 unless running
     eta_seconds: float | None
+    eta_text: str  # the ETA, or why there is none ("starts at …", "paused")
 
 
 @dataclass(frozen=True)
@@ -111,6 +126,8 @@ class Overview:
     jobs_not_shown: int
     failed_jobs: list[Job]
     failed_jobs_not_shown: int
+    finished_jobs: list[Job]  # ended within RECENTLY_FINISHED_SECONDS, newest first
+    finished_jobs_not_shown: int
     stuck: list[StuckCalls]
     workers_last_seen: datetime | None
     workers_missing: bool  # jobs wait to run and no worker was seen for a minute
@@ -135,6 +152,7 @@ def overview_for_user(user: Any) -> Overview:
     visible_jobs = job_list_for_user(user)
     jobs, jobs_not_shown = _jobs_in_progress(visible_jobs)
     failed_jobs, failed_not_shown = _jobs_with_failures(visible_jobs, now)
+    finished_jobs, finished_not_shown = _jobs_recently_finished(visible_jobs, now)
     workers_last_seen = WorkerProcess.objects.aggregate(last=Max("seen_at"))["last"]
     active = bool(jobs) and jobs[0].job.status in Job.ACTIVE  # running and queued come first
     workers_gone = workers_last_seen is None or workers_last_seen < now - timedelta(
@@ -155,6 +173,8 @@ def overview_for_user(user: Any) -> Overview:
         jobs_not_shown=jobs_not_shown,
         failed_jobs=failed_jobs,
         failed_jobs_not_shown=failed_not_shown,
+        finished_jobs=finished_jobs,
+        finished_jobs_not_shown=finished_not_shown,
         stuck=_stuck_calls(visible_jobs, now),
         workers_last_seen=workers_last_seen,
         workers_missing=active and workers_gone,
@@ -217,10 +237,25 @@ def _jobs_in_progress(visible_jobs: QuerySet[Job]) -> tuple[list[JobOverview], i
     paces = job_paces(jobs)
     return [
         JobOverview(
-            job=job, pace=(pace := paces.get(job.pk, 0.0)), eta_seconds=job_eta_seconds(job, pace)
+            job=job,
+            pace=(pace := paces.get(job.pk, 0.0)),
+            eta_seconds=job_eta_seconds(job, pace),
+            eta_text=job_eta_text(job, pace),
         )
         for job in jobs
     ], not_shown
+
+
+def _jobs_recently_finished(visible_jobs: QuerySet[Job], now: datetime) -> tuple[list[Job], int]:
+    since = now - timedelta(seconds=RECENTLY_FINISHED_SECONDS)
+    finished = visible_jobs.filter(
+        status__in=(Job.Status.COMPLETED, Job.Status.CANCELLED), finished__gte=since
+    ).order_by("-finished", "-pk")
+    jobs = list(finished[: RECENTLY_FINISHED_SHOWN + 1])
+    not_shown = (
+        finished.count() - RECENTLY_FINISHED_SHOWN if len(jobs) > RECENTLY_FINISHED_SHOWN else 0
+    )
+    return jobs[:RECENTLY_FINISHED_SHOWN], not_shown
 
 
 def _jobs_with_failures(visible_jobs: QuerySet[Job], now: datetime) -> tuple[list[Job], int]:

@@ -86,7 +86,9 @@ def test_figures_of_the_last_five_minutes_come_from_seconds_and_429s(
     assert row["in_flight"] == "0 of 10"
     assert row["blocked"] == "—" and row["blocked_for"] == 0
     assert row["throttles_5m"] == 3
-    assert row["grants_5m"] == 12 + 3  # calls that ended, and 429s answered
+    # calls that ended, with their 429s counted apart (they are attempts, not calls)
+    assert (row["calls_finished_5m"], row["requests_5m"]) == (12, 12 + 3)
+    assert (row["calls_finished_5m_text"], row["throttles_5m_text"]) == ("12 calls", "3 × 429")
     assert len(row["calls_per_second"]) == TRAFFIC_BUCKETS
     assert sum(row["calls_per_second"]) * 10 == 12
     assert sum(row["throttled"]) == 3 and row["throttled"][-1] == 3  # in the newest bucket

@@ -165,7 +165,7 @@ def test_an_operator_follows_a_run_through_429s_a_manual_block_and_a_cancel(
         re.compile(r"(?<![\d.])[1-9]"), timeout=15_000
     )
     assert api_row.locator("svg.rj-sparkline").count() == 1
-    for field in ("current_rate", "windows", "blocked", "in_flight", "grants_5m"):
+    for field in ("current_rate", "windows", "blocked", "in_flight", "calls_finished_5m"):
         assert api_row.locator(f"[data-field={field}]").count() == 1, field
     # and it refreshed itself meanwhile, without a reload
     expect(overview.locator("#rj-overview")).not_to_have_attribute(

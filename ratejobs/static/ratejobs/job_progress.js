@@ -35,6 +35,12 @@
     for (const el of document.querySelectorAll("#rj-job [data-field], #rj-events [data-field]")) {
       if (el.dataset.field in data) el.textContent = data[el.dataset.field];
     }
+    // The ETA cell changes field as the job starts or pauses (job_progress_data's eta_field).
+    const eta = box.querySelector('[data-field="eta"], [data-field="eta_note"]');
+    if (eta) {
+      eta.dataset.field = data.eta_field;
+      eta.textContent = data[data.eta_field];
+    }
     box.dataset.outcome = data.outcome;
     const status = box.querySelector('[data-field="status_display"]');
     if (status) status.dataset.outcome = data.outcome;

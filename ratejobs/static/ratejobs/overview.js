@@ -10,6 +10,7 @@
   const sections = {
     apis: document.querySelector("#rj-overview-apis tbody"),
     jobs: document.querySelector("#rj-overview-jobs tbody"),
+    finished: document.querySelector("#rj-overview-finished tbody"),
     attention: document.getElementById("rj-attention"),
   };
   const stale = root.querySelector(".rj-overview-stale");
