@@ -4,8 +4,11 @@ may carry. Their class names are the schema's component names."""
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
@@ -171,6 +174,34 @@ class ApiNameField(NameField):
         )
 
 
+# A time whose offset's "+" a query string turned into a space.
+_PLUS_READ_AS_SPACE = re.compile(r"T\d{2}:\d{2}(:\d{2}(\.\d+)?)? \d{2}(:?\d{2})?$")
+
+
+class ZonedDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 time that says its zone (Z or an offset). A time without one is refused, not
+    read as UTC (or as the server's zone): 08:00 meant in Berlin would go out an hour late, and
+    nothing would tell the submitter."""
+
+    default_error_messages = {
+        "naive": "This time has no time zone: add Z for UTC or an offset such as +02:00 "
+        "(2026-12-01T08:00:00Z, 2026-12-01T08:00:00+02:00).",
+        "plus_as_space": "The offset's + arrived as a space: in a query string write it as %2B "
+        "(2026-12-01T08:00:00%2B02:00), or give the time in UTC with Z.",
+    }
+
+    def to_internal_value(self, value: Any) -> datetime:
+        # "…T08:00:00+02:00" unencoded in a query string arrives as "…T08:00:00 02:00"
+        if isinstance(value, str) and _PLUS_READ_AS_SPACE.search(value):
+            self.fail("plus_as_space")
+        return super().to_internal_value(value)
+
+    def enforce_timezone(self, value: datetime) -> datetime:
+        if timezone.is_naive(value):
+            self.fail("naive")
+        return super().enforce_timezone(value)
+
+
 class JobUploadParamsSerializer(StrictInputSerializer):
     """The query parameters of an upload: the job's fields other than its calls."""
 
@@ -182,13 +213,15 @@ class JobUploadParamsSerializer(StrictInputSerializer):
     priority = serializers.IntegerField(
         required=False, min_value=1, max_value=MAX_PRIORITY, help_text="1 (default) to 10"
     )
-    not_before = serializers.DateTimeField(
-        required=False, help_text="no call is sent before this time (ISO 8601)"
+    not_before = ZonedDateTimeField(
+        required=False,
+        help_text="no call is sent before this time (ISO 8601 with Z or an offset; a time "
+        "without a zone is a 400)",
     )
-    deadline = serializers.DateTimeField(
+    deadline = ZonedDateTimeField(
         required=False,
         help_text="calls not started by this time are cancelled, with that reason; in the "
-        "future, and after not_before",
+        "future, and after not_before (ISO 8601 with Z or an offset)",
     )
     credential_key = _credential_key_field(
         "the API credential its calls are sent with (POST /api/apis/{name}/credentials/): its "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +22,10 @@ from ratejobs.selectors.jobs import response_body_output
 # pages present it, base64 when binary, and response_removed_at when retention removed it;
 # credential_key is the key the call was sent with (its own, else its job's; empty: the API's);
 # cost is the estimate given at submission, cost_used what the API said it used (null: unsaid).
+# duration is the last request's seconds, exactly as stored (kept for the files read before
+# duration_ms came), duration_ms the same in milliseconds to a tenth; query the call's query
+# parameters (JSON text in CSV). Columns are only ever added at the end, so a reader that takes
+# the columns by position keeps working.
 RESULT_FIELDS = (
     "index",
     "method",
@@ -38,9 +42,19 @@ RESULT_FIELDS = (
     "response_truncated",
     "response_removed_at",
     "credential_key",
+    "query",
+    "duration_ms",
 )
-# What is read: the same, but whether the body is base64, which is worked out from the body.
-_COLUMNS = tuple(name for name in RESULT_FIELDS if name != "response_body_base64")
+# What is read for each call, in this order; the rest of a row is worked out from it.
+_LEADING = RESULT_FIELDS[: RESULT_FIELDS.index("response_body")]
+_COLUMNS = (
+    *_LEADING,
+    "response_body",
+    "response_truncated",
+    "response_removed_at",
+    "credential_key",
+    "query",
+)
 # The calls are read in pages, each one short statement (see call_result_rows) of at most
 # PAGE_ROWS calls and PAGE_BUDGET_BYTES of bodies, plus the body of the call that crosses it.
 # Bounded by bytes, not by count: a stored body may be as large as RATEJOBS_MAX_RESPONSE_BYTES
@@ -54,9 +68,9 @@ PAGE_ROWS = 2000
 PIECE_BYTES = 256 * 1024
 
 
-def call_result_rows(job: Job) -> Iterator[tuple[Any, ...]]:
+def call_result_rows(job: Job, statuses: Collection[str] = ()) -> Iterator[tuple[Any, ...]]:
     """The job's calls in index order as tuples of RESULT_FIELDS (times as ISO 8601 text), read
-    a page at a time (_page), never all at once."""
+    a page at a time (_page), never all at once; only those with one of `statuses` if given."""
     # Keyset pages (index > the last one read, ORDER BY index LIMIT n), each a statement of its
     # own in autocommit: between pages the connection holds no transaction, no cursor and no
     # snapshot, however slowly the client reads. A cursor open for the whole file would leave
@@ -66,14 +80,24 @@ def call_result_rows(job: Job) -> Iterator[tuple[Any, ...]]:
     # when its page was read.
     after, rows = -1, PAGE_ROWS
     while True:
-        page = list(_page(job.pk, after, rows))
+        page = list(_page(job.pk, after, rows, statuses))
         kept = 0
-        for *call, body, truncated, removed, key, before in page:
+        for *call, body, truncated, removed, key, query, before in page:
             if before >= PAGE_BUDGET_BYTES:
                 break  # read without its body: the next page begins with it
             after, kept = call[0], kept + 1
             text, is_base64 = response_body_output(body, truncated=truncated)
-            yield (*call, text, is_base64, truncated, _moment(removed), key or job.credential_key)
+            duration = call[_LEADING.index("duration")]
+            yield (
+                *call,
+                text,
+                is_base64,
+                truncated,
+                _moment(removed),
+                key or job.credential_key,
+                query,
+                _milliseconds(duration),
+            )
         else:
             if len(page) < rows:
                 return
@@ -83,7 +107,7 @@ def call_result_rows(job: Job) -> Iterator[tuple[Any, ...]]:
         rows = min(PAGE_ROWS, 2 * kept)
 
 
-def _page(job_id: int, after: int, rows: int) -> QuerySet:
+def _page(job_id: int, after: int, rows: int, statuses: Collection[str] = ()) -> QuerySet:
     """Up to `rows` calls of the job after index `after`, as _COLUMNS and the bytes of the
     bodies before each in the page; a body only while those are under PAGE_BUDGET_BYTES."""
     # The sizes are the database's (length() of a stored value reads no body), so the bodies
@@ -98,9 +122,11 @@ def _page(job_id: int, after: int, rows: int) -> QuerySet:
     )
     body = Case(When(before__lt=PAGE_BUDGET_BYTES, then=F("response_body")))
     columns = ["held_body" if name == "response_body" else name for name in _COLUMNS]
+    calls = Call.objects.filter(job_id=job_id, index__gt=after)
+    if statuses:
+        calls = calls.filter(status__in=statuses)
     return (
-        Call.objects.filter(job_id=job_id, index__gt=after)
-        .order_by("index")
+        calls.order_by("index")
         .annotate(before=before, held_body=body)
         .values_list(*columns, "before")[:rows]
     )
@@ -112,6 +138,12 @@ def _moment(value: datetime | None) -> str | None:
         return None
     text = value.isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def _milliseconds(seconds: float | None) -> float | None:
+    """Seconds as milliseconds to a tenth: a request's time is not measured finer than that,
+    and 250.0 reads better than 0.25000000000000006 s."""
+    return None if seconds is None else round(seconds * 1000, 1)
 
 
 def _pieces(lines: Iterable[str]) -> Iterator[bytes]:
@@ -160,13 +192,16 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def _csv_cell(value: Any) -> Any:
-    """A row's value as its CSV cell: text made inert (FORMULA_STARTS), booleans as true/false;
-    numbers and None (an empty cell) as the csv module writes them."""
-    # Exact classes: bool is an int, and the row holds only str, bool, int, float and None.
+    """A row's value as its CSV cell: text made inert (FORMULA_STARTS), booleans as true/false,
+    a query as its JSON text; numbers and None (an empty cell) as the csv module writes them."""
+    # Exact classes: bool is an int, and the row holds only str, bool, int, float, None and the
+    # query's dict (or list).
     if value.__class__ is str:
         return "'" + value if value.startswith(FORMULA_STARTS) else value
     if value.__class__ is bool:
         return "true" if value else "false"
+    if value.__class__ in (dict, list):  # a call's query: its JSON text, as JSON lines give it
+        return _csv_cell(json.dumps(value, ensure_ascii=False, separators=(",", ":")))
     return value
 
 
@@ -183,9 +218,10 @@ RESULTS_FORMATS = {
 }
 
 
-def job_results(job: Job, format: str) -> Iterator[bytes]:
-    """The job's results file in `format` (a key of RESULTS_FORMATS), piece by piece."""
-    return RESULTS_FORMATS[format].write(call_result_rows(job))
+def job_results(job: Job, format: str, statuses: Collection[str] = ()) -> Iterator[bytes]:
+    """The job's results file in `format` (a key of RESULTS_FORMATS), piece by piece; only the
+    calls with one of `statuses` if given (export_results --status)."""
+    return RESULTS_FORMATS[format].write(call_result_rows(job, statuses))
 
 
 def job_results_response(job: Job, format: str) -> StreamingHttpResponse:

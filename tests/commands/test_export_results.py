@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import os
@@ -42,6 +43,20 @@ def test_stdout_is_the_default_and_jsonl_the_default_format(results_job):
     call_command("export_results", str(results_job.pk), "--format", "csv", stdout=out)
     assert out.getvalue().startswith("index,method,path,status,")
     assert len(out.getvalue().splitlines()) == len(OUTCOMES) + 2  # a body holds a newline
+
+
+def test_status_keeps_only_the_calls_that_ended_so(results_job, tmp_path):
+    # given OUTCOMES: calls 0-3 succeeded, 4 failed, 5 cancelled
+    out = io.StringIO()
+    call_command("export_results", str(results_job.pk), "--status", "failed", stdout=out)
+    assert [json.loads(line)["index"] for line in out.getvalue().splitlines()] == [4]
+    target = tmp_path / "not-succeeded.csv"
+    call_command("export_results", str(results_job.pk), "--status", "failed", "--status",
+                 "cancelled", "--format", "csv", "--output", str(target))  # fmt: skip
+    rows = list(csv.DictReader(io.StringIO(target.read_text(), newline="")))
+    assert [(row["index"], row["status"]) for row in rows] == [("4", "failed"), ("5", "cancelled")]
+    with pytest.raises(CommandError, match="invalid choice: 'broken'"):
+        call_command("export_results", str(results_job.pk), "--status", "broken")
 
 
 def test_a_missing_job_or_one_being_purged_is_an_error(results_job):

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 from django.core.management import CommandError, call_command
 
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.limiter.deployment import deployment_key_prefix
+from ratejobs.management.commands import limiter_status
 from ratejobs.namespace import limiter_key_prefix
 from ratejobs.services.apis import api_block
 
@@ -29,7 +31,7 @@ def test_a_table_of_every_api_and_json_for_one(api, make_api):
         pass
     api_block(api=api, seconds=30)
     lines = status().splitlines()
-    assert lines[0].split()[:3] == ["API", "RATE", "NOW"]
+    assert re.split(r"\s{2,}", lines[0])[:3] == ["API", "RATE NOW", "CEILING"]
     row = next(line for line in lines if line.startswith(api.name + " "))
     assert row.split()[1:5] == ["10/1s", "10/1s", "1", "no"]
     assert "s" in row.split()[5] and row.split()[5] != "no"  # blocked for ~30 s
@@ -73,3 +75,25 @@ def test_limits_older_than_the_database_s_are_named_as_such(api):
     row = next(line for line in status().splitlines() if line.startswith(api.name + " "))
     assert "older limits in Redis (version 1, the database's is 2)" in row
     assert json.loads(status(api.name, "--json"))[0]["config_version"] == 1
+
+
+def test_every_column_has_a_header_in_words_and_a_line_of_the_legend(api, make_api):
+    make_api(rate=5, period=60, max_concurrency=3, adaptive=True, min_rate=1)
+    lines = status().splitlines()
+    header = lines[0]
+    for words in ("BLOCKED FOR", "NEXT SLOT IN", "IN FLIGHT/CAP", "GENERATION", "LEARNED LIMIT"):
+        assert words in header
+    assert "GEN " not in header
+    # expect: under the table, one line for each column but the API's name, with its unit
+    start = lines.index("columns (--no-legend leaves this out):")
+    legend = lines[start + 1 : start + len(limiter_status.COLUMNS)]
+    meaning = {re.split(r"\s{2,}", line.strip())[0]: line for line in legend}
+    assert list(meaning) == list(limiter_status.COLUMNS[1:])
+    assert "requests per period" in meaning["RATE NOW"] and "10.92/1s" in meaning["RATE NOW"]
+    assert "seconds" in meaning["BLOCKED FOR"] and "seconds" in meaning["NEXT SLOT IN"]
+    assert '"0/-": no cap' in meaning["IN FLIGHT/CAP"]
+    # and --no-legend leaves it out, the table and the export line staying
+    short = status("--no-legend").splitlines()
+    assert not any(line.startswith("columns") for line in short)
+    assert short[0] == header
+    assert short[-1].startswith("programs elsewhere share these buckets with: ")

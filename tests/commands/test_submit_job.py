@@ -172,6 +172,103 @@ def test_wait_redraws_one_line_on_a_terminal_and_exits_0_when_all_succeeded(
     assert "completed: 2 succeeded, 0 failed, 0 cancelled" in out.getvalue()
 
 
+def test_a_partial_failure_reads_as_the_admin_says_and_names_a_command_to_list_the_calls(
+    api, root, tmp_path, monkeypatch, client
+):
+    # given a job of 3 calls of which 1 fails and 1 is cancelled by its deadline
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text('{"path": "/a"}\n{"path": "/b"}\n{"path": "/c"}\n')
+
+    def workers_finish(seconds: float) -> None:
+        job = Job.objects.get()
+        Call.objects.filter(job=job, index=0).update(status=Call.Status.SUCCEEDED)
+        Call.objects.filter(job=job, index=1).update(status=Call.Status.FAILED)
+        Call.objects.filter(job=job, index=2).update(status=Call.Status.CANCELLED)
+        Job.objects.update(status=Job.Status.COMPLETED, succeeded=1, failed=1, cancelled=1,
+                           finished=timezone.now())  # fmt: skip
+
+    monkeypatch.setattr(submit_job, "time", clock(sleep=workers_finish))
+    out, err = io.StringIO(), Terminal()
+    with pytest.raises(CommandError) as raised:
+        call_command("submit_job", "--api", api.name, "--file", str(calls), "--wait",
+                     "--base-url", "https://ratejobs.example.com/",
+                     stdout=out, stderr=err)  # fmt: skip
+    job = Job.objects.get()
+    # expect: the admin's words, in the bar and in the summary, never a plain "completed"
+    assert err.getvalue().endswith("(completed with failures)\033[K\n")
+    assert f"job {job.pk} completed with failures: 1 succeeded, 1 failed, 1 cancelled" in (
+        out.getvalue()
+    )
+    # and the error names a command a CLI user can run, and the admin's list of those calls
+    message = str(raised.value)
+    assert raised.value.returncode == submit_job.EXIT_CALLS_NOT_ALL_SUCCEEDED
+    assert "/api/" not in message
+    assert message.startswith("2 of 3 calls did not succeed; list them with: python manage.py ")
+    link = message.split("in the admin: ", 1)[1].removesuffix(")")
+    assert link.startswith("https://ratejobs.example.com/admin/ratejobs/call/?")
+    # the admin's page lists that call, and only it (a filter it did not know would redirect)
+    client.force_login(root)
+    page = client.get(link.removeprefix("https://ratejobs.example.com"))
+    assert page.status_code == 200
+    assert [call.path for call in page.context["cl"].result_list] == ["/b"]
+    command = message.split("python manage.py ", 1)[1].split(" (or ", 1)[0].split()
+    assert command[:2] == ["export_results", str(job.pk)]
+    output = tmp_path / command[command.index("--output") + 1]
+    command[command.index("--output") + 1] = str(output)
+    call_command(*command)
+    assert [line.split(",")[3] for line in output.read_text().splitlines()[1:]] == [
+        "failed",
+        "cancelled",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "counts", "words"),
+    [
+        (Job.Status.RUNNING, {"succeeded": 1}, "running"),
+        (Job.Status.COMPLETED, {"succeeded": 2}, "completed"),
+        (Job.Status.COMPLETED, {"succeeded": 1, "failed": 1}, "completed with failures"),
+        (Job.Status.COMPLETED, {"succeeded": 1, "cancelled": 1}, "completed with failures"),
+        (Job.Status.COMPLETED, {"failed": 2}, "failed"),
+        (Job.Status.CANCELLED, {"succeeded": 1, "cancelled": 1}, "cancelled"),
+    ],
+)
+def test_the_progress_line_ends_with_the_outcome_as_the_admin_words_it(api, status, counts, words):
+    job = Job(api=api, status=status, total=2, **counts)
+    assert submit_job.progress_line(job, 0.0).endswith(f"({words})")
+
+
+def test_the_admin_link_is_whole_with_base_url_and_said_to_be_a_path_without(api, root, tmp_path):
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text('{"path": "/a"}\n')
+    out, _ = submit("--api", api.name, "--file", str(calls))
+    first = Job.objects.get()
+    assert out.strip().endswith(
+        f"(admin: /admin/ratejobs/job/{first.pk}/change/ on your ratejobs web server; "
+        "--base-url gives the whole link)"
+    )
+    out, _ = submit("--api", api.name, "--file", str(calls), "--base-url",
+                    "https://jobs.example.com/ratejobs")  # fmt: skip
+    second = Job.objects.exclude(pk=first.pk).get()
+    assert out.strip().endswith(
+        f"(admin: https://jobs.example.com/ratejobs/admin/ratejobs/job/{second.pk}/change/)"
+    )
+    for bad in ("jobs.example.com", "ftp://jobs.example.com", "https://jobs.example.com/?x=1"):
+        with pytest.raises(CommandError, match="is not an http:// or https:// address"):
+            submit("--api", api.name, "--file", str(calls), "--base-url", bad)
+    assert Job.objects.count() == 2
+
+
+def test_a_time_without_a_zone_is_refused_not_read_as_utc(api, root, tmp_path):
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text('{"path": "/a"}\n')
+    for option in ("--not-before", "--deadline"):
+        with pytest.raises(CommandError, match="has no time zone: add Z or an offset"):
+            submit("--api", api.name, "--file", str(calls), option, "2099-12-01T08:00")
+    submit("--api", api.name, "--file", str(calls), "--not-before", "2099-12-01T08:00+01:00")
+    assert Job.objects.get().not_before.isoformat() == "2099-12-01T07:00:00+00:00"
+
+
 def test_ctrl_c_while_waiting_exits_130_and_leaves_the_job_running(
     api, root, tmp_path, monkeypatch
 ):

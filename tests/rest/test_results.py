@@ -28,10 +28,11 @@ from ratejobs.services.credentials import credentials_add
 
 # The columns as docs/api.md's results files document them, in their order: the file's
 # contract, written out here rather than taken from the code that writes it.
+# Columns only ever come at the end (query, duration_ms), so a reader by position keeps working.
 COLUMNS = [
     "index", "method", "path", "status", "status_code", "attempts", "duration", "cost",
     "cost_used", "error", "response_body", "response_body_base64", "response_truncated",
-    "response_removed_at", "credential_key",
+    "response_removed_at", "credential_key", "query", "duration_ms",
 ]  # fmt: skip
 REMOVED_AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 BINARY = b"\xff\xfe\x00\x01"
@@ -39,35 +40,41 @@ BINARY = b"\xff\xfe\x00\x01"
 OUTCOMES: list[tuple[dict[str, Any], dict[str, Any]]] = [
     (
         {"status": "succeeded", "status_code": 200, "attempts": 1, "duration": 0.25,
+         "query": {"q": "café", "tag": ["a", "b"]},
          "response_body": '{"id": 0, "name": "é"}'.encode()},
-        {"response_body": '{"id": 0, "name": "é"}', "response_body_base64": False},
+        {"response_body": '{"id": 0, "name": "é"}', "response_body_base64": False,
+         "duration_ms": 250.0},
     ),
     (
-        {"status": "succeeded", "status_code": 200, "attempts": 2, "duration": 1.5,
+        # a float as a clock gives it: milliseconds to a tenth
+        {"status": "succeeded", "status_code": 200, "attempts": 2, "duration": 1.5123456789012345,
          "response_body": b'plain, "quoted"\nsecond line'},
-        {"response_body": 'plain, "quoted"\nsecond line', "response_body_base64": False},
+        {"response_body": 'plain, "quoted"\nsecond line', "response_body_base64": False,
+         "duration_ms": 1512.3},
     ),
     (
         {"status": "succeeded", "status_code": 200, "attempts": 1, "duration": 0.5,
          "response_body": BINARY},
-        {"response_body": base64.b64encode(BINARY).decode(), "response_body_base64": True},
+        {"response_body": base64.b64encode(BINARY).decode(), "response_body_base64": True,
+         "duration_ms": 500.0},
     ),
     (
         # retention removed the body: null, and the time it went
         {"status": "succeeded", "status_code": 200, "attempts": 1, "duration": 0.5,
          "response_body": None, "response_removed_at": REMOVED_AT},
         {"response_body": None, "response_body_base64": False,
-         "response_removed_at": "2026-01-02T03:04:05Z"},
+         "response_removed_at": "2026-01-02T03:04:05Z", "duration_ms": 500.0},
     ),
     (
         {"status": "failed", "status_code": 500, "attempts": 5, "duration": 0.125,
          "error": "HTTP 500 after 5 attempts", "response_body": b"oops",
          "response_truncated": True},
-        {"response_body": "oops", "response_body_base64": False, "response_truncated": True},
+        {"response_body": "oops", "response_body_base64": False, "response_truncated": True,
+         "duration_ms": 125.0},
     ),
     (
         {"status": "cancelled", "error": "job cancelled"},
-        {"response_body": None, "response_body_base64": False},
+        {"response_body": None, "response_body_base64": False, "duration_ms": None},
     ),
 ]  # fmt: skip
 
@@ -101,6 +108,7 @@ def expected_rows() -> list[dict[str, Any]]:
             "response_truncated": False,
             "response_removed_at": None,
             "credential_key": "",
+            "query": fields.get("query"),
             **shown,
         }
         rows.append({name: row[name] for name in COLUMNS})
@@ -146,6 +154,8 @@ def test_csv_gives_a_header_and_the_same_rows_empty_for_null(api_client, results
             return ""
         if isinstance(value, bool):
             return "true" if value else "false"
+        if isinstance(value, dict):  # the query, as its JSON text
+            return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         return str(value)
 
     assert table[1:] == [[as_csv(row[name]) for name in COLUMNS] for row in expected_rows()]
@@ -303,3 +313,17 @@ def test_the_schema_documents_both_files_with_their_media_types(client_for):
         assert "response_body_base64" in operation["description"]
     csv_file = schema["paths"]["/api/jobs/{job_id}/results.csv"]["get"]["description"]
     assert "=, +, -, @, a tab or a carriage return is written with a leading '" in csv_file
+
+
+def test_a_row_carries_the_call_s_query_and_its_duration_in_milliseconds(api_client, results_job):
+    url = f"/api/jobs/{results_job.pk}/results"
+    first = json.loads(content(api_client.get(f"{url}.jsonl")).splitlines()[0])
+    assert first["query"] == {"q": "café", "tag": ["a", "b"]}
+    assert (first["duration"], first["duration_ms"]) == (0.25, 250.0)
+    table = csv.DictReader(io.StringIO(content(api_client.get(f"{url}.csv")).decode(), newline=""))
+    cells = list(table)
+    # expect: in CSV the query is its JSON text, empty for none; milliseconds to a tenth
+    assert cells[0]["query"] == '{"q":"café","tag":["a","b"]}'
+    assert json.loads(cells[0]["query"]) == first["query"]
+    assert (cells[1]["query"], cells[1]["duration_ms"]) == ("", "1512.3")
+    assert (cells[5]["duration"], cells[5]["duration_ms"]) == ("", "")

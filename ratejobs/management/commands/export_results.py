@@ -1,5 +1,6 @@
-"""`manage.py export_results JOB --format jsonl|csv [--output FILE]`: a job's results file, the
-same rows as `GET /api/jobs/{id}/results.jsonl` and `.csv`, streamed to stdout or a file."""
+"""`manage.py export_results JOB --format jsonl|csv [--status STATUS] [--output FILE]`: a job's
+results file, the same rows as `GET /api/jobs/{id}/results.jsonl` and `.csv`, streamed to stdout
+or a file; --status keeps only the calls that ended so (the failed ones, say)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ratejobs.models import Job
+from ratejobs.models import Call, Job
 from ratejobs.selectors.results import RESULT_FIELDS, RESULTS_FORMATS, job_results
 
 
@@ -21,6 +22,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("job_id", type=int, metavar="JOB", help="the job's id")
         parser.add_argument("--format", choices=sorted(RESULTS_FORMATS), default="jsonl")
+        parser.add_argument(
+            "--status", action="append", choices=Call.Status.values, default=[],
+            help="only the calls with this status; repeat it for several (--status failed "
+            "--status cancelled: every call that did not succeed); default: every call",
+        )  # fmt: skip
         parser.add_argument("--output", type=Path, help="a file to write (default: stdout)")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -29,7 +35,7 @@ class Command(BaseCommand):
         job = Job.objects.filter(pk=options["job_id"], purge_started__isnull=True).first()
         if job is None:
             raise CommandError(f"job {options['job_id']}: no such job", returncode=1)
-        pieces = job_results(job, options["format"])
+        pieces = job_results(job, options["format"], options["status"])
         if options["output"] is not None:
             with options["output"].open("wb") as out:
                 out.writelines(pieces)

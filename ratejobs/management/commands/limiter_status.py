@@ -15,8 +15,30 @@ from ratejobs.namespace import limiter_namespace
 from ratejobs.selectors.apis import api_key_buckets, api_limiter_state, api_list
 from ratejobs.text import window_text
 
-COLUMNS = ("API", "RATE NOW", "CEILING", "BURST", "ADAPTIVE", "BLOCKED", "NEXT SLOT",
-           "IN FLIGHT", "GRANTS", "429s", "GEN", "LEARNED")  # fmt: skip
+# Each column's header and what it means, its unit included: the legend printed under the
+# table, so that "10.92/1s" or "0/-" never has to be guessed.
+LEGEND = (
+    ("API", "the API's name"),
+    ("RATE NOW", "requests per period the shared limiter lets through now (10.92/1s: 10.92 "
+                 "a second; 5/60s: 5 a minute); below CEILING after 429s when ADAPTIVE"),
+    ("CEILING", "the API's configured rate, requests per period: the most RATE NOW goes up to"),
+    ("BURST", "requests that may go at once after a quiet spell"),
+    ("ADAPTIVE", "\"min R\": 429s lower the rate, never below R requests per period; \"no\": "
+                 "the rate stays at CEILING"),
+    ("BLOCKED FOR", "seconds every worker waits before sending anything (a Retry-After, a "
+                    "spent quota, a manual block); \"no\": not blocked"),
+    ("NEXT SLOT IN", "seconds until the next request may go (0.000s: now)"),
+    ("IN FLIGHT/CAP", "requests on the wire now, of the most allowed at once (max_concurrency); "
+                      "\"0/-\": no cap, and without one nothing is counted"),
+    ("GRANTS", "requests let through since the limiter's state was made or reset"),
+    ("429s", "throttled responses (429, or 403 with a throttle hint) reported since then"),
+    ("GENERATION", "goes up by one each time the schedule is remade (a burst of 429s, counted "
+                   "once; a change of limits; a reset): compare two readings; it starts from "
+                   "Redis' clock, so its size says nothing"),
+    ("LEARNED LIMIT", "the API's real limit, requests per period, as the adaptive rate measured "
+                      "it from 429s; \"-\": not measured yet"),
+)  # fmt: skip
+COLUMNS = tuple(header for header, _ in LEGEND)
 
 
 class Command(BaseCommand):
@@ -25,6 +47,10 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", nargs="?", help="one API (default: all)")
         parser.add_argument("--json", action="store_true", help="one JSON document")
+        parser.add_argument(
+            "--no-legend", action="store_true",
+            help="leave out the lines under the table that say what each column means",
+        )  # fmt: skip
 
     def handle(self, *args: Any, **options: Any) -> None:
         apis = list(api_list().filter(name=options["name"]) if options["name"] else api_list())
@@ -56,7 +82,16 @@ class Command(BaseCommand):
                 self.stdout.write(f"  limit {window.window.label}: {window_text(window)}")
             if api is not None and keys[api.name].live:
                 self.stdout.write(f"  {_key_buckets_text(keys[api.name])}")
+        if not options["no_legend"]:
+            self.stdout.write(_legend())
         self.stdout.write(_export_line())
+
+
+def _legend() -> str:
+    """What each column means, one a line, under a blank line."""
+    width = max(len(header) for header, _ in LEGEND)
+    lines = [f"  {header.ljust(width)}  {meaning}" for header, meaning in LEGEND[1:]]
+    return "\ncolumns (--no-legend leaves this out):\n" + "\n".join(lines)
 
 
 def _export_line() -> str:

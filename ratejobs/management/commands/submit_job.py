@@ -8,18 +8,20 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.urls import reverse
 
+from ratejobs.admin.calls import calls_url
 from ratejobs.management.input_files import add_file_arguments, input_format, opened_input
 from ratejobs.management.messages import clause, refusal, validation_problems
 from ratejobs.models import MAX_PRIORITY, Api, Job
 from ratejobs.permissions import can_submit_jobs
 from ratejobs.selectors.apis import api_list
-from ratejobs.selectors.jobs import job_eta_seconds, job_paces
+from ratejobs.selectors.jobs import job_eta_seconds, job_outcome, job_paces
 from ratejobs.text import duration_text
 from ratejobs.uploads import UploadError, calls_from_upload, job_submit_from_file
 
@@ -71,6 +73,11 @@ class Command(BaseCommand):
             "limiter bucket; see import_credentials); a call may name its own (credential_key)",
         )  # fmt: skip
         parser.add_argument(
+            "--base-url", type=_base_url, metavar="URL",
+            help="the web server's address as a browser reaches it (https://ratejobs.example.com), "
+            "to print the admin's links whole; without it they are paths on that server",
+        )  # fmt: skip
+        parser.add_argument(
             "--wait", action="store_true", help="show progress until the job is done"
         )
         parser.add_argument(
@@ -86,12 +93,20 @@ class Command(BaseCommand):
         path = options["file"]
         fmt = input_format(path, options["format"])
         job = self._submit(api, owner, path, fmt, options)
-        admin_path = reverse("admin:ratejobs_job_change", args=[job.pk])
+        self.base_url = options["base_url"]
+        admin = self._link(reverse("admin:ratejobs_job_change", args=[job.pk]))
         self.stdout.write(
-            f"job {job.pk} submitted: {job.total} calls to {api.name} (admin: {admin_path})"
+            f"job {job.pk} submitted: {job.total} calls to {api.name} (admin: {admin})"
         )
         if options["wait"]:
             self._follow(job, options["poll"])
+
+    def _link(self, path: str) -> str:
+        """An admin page's address: whole with --base-url; else the path, said to be one, since
+        the command cannot know the address browsers reach the web server at."""
+        if self.base_url:
+            return self.base_url + path
+        return f"{path} on your ratejobs web server; --base-url gives the whole link"
 
     def _submit(self, api: Api, owner: Any, path: str, fmt: str, options: dict) -> Job:
         where = "standard input" if path == "-" else path
@@ -157,23 +172,37 @@ class Command(BaseCommand):
                     break
                 time.sleep(poll)
         except KeyboardInterrupt:
+            admin = self._link(reverse("admin:ratejobs_job_change", args=[job.pk]))
             raise CommandError(
-                f"stopped waiting; job {job.pk} keeps running (cancel it in the admin, or with "
-                f"POST /api/jobs/{job.pk}/cancel/)",
+                f"stopped waiting; job {job.pk} keeps running (cancel it in the admin: {admin}; "
+                f"or over REST with POST /api/jobs/{job.pk}/cancel/)",
                 returncode=EXIT_INTERRUPTED,
             ) from None
         took = (job.finished - job.created).total_seconds() if job.finished else None
         self.stdout.write(
-            f"job {job.pk} {job.status}: {job.succeeded} succeeded, {job.failed} failed, "
+            f"job {job.pk} {outcome_text(job)}: {job.succeeded} succeeded, {job.failed} failed, "
             f"{job.cancelled} cancelled, {job.throttled} 429s, {job.retries} retries in "
             f"{duration_text(took)}"
         )
         if job.succeeded != job.total:
             raise CommandError(
-                f"{job.total - job.succeeded} of {job.total} calls did not succeed; see "
-                f"GET /api/jobs/{job.pk}/calls/?status=failed",
+                f"{job.total - job.succeeded} of {job.total} calls did not succeed; "
+                f"{self._not_succeeded(job)}",
                 returncode=EXIT_CALLS_NOT_ALL_SUCCEEDED,
             )
+
+    def _not_succeeded(self, job: Job) -> str:
+        """Where the calls that did not succeed are seen from here: a command, and the admin's
+        list of the job's calls filtered to them."""
+        ended = [status for status, count in (("failed", job.failed), ("cancelled", job.cancelled))
+                 if count] or ["failed", "cancelled"]  # fmt: skip
+        flags = " ".join(f"--status {status}" for status in ended)
+        admin = self._link(calls_url(job.pk, status__exact=ended[0]))  # the job page's own link
+        return (
+            f"list them with: python manage.py export_results {job.pk} {flags} --format csv "
+            f"--output job-{job.pk}-not-succeeded.csv (or see the {ended[0]} ones in the "
+            f"admin: {admin})"
+        )
 
 
 def progress_line(job: Job, pace: float) -> str:
@@ -182,8 +211,14 @@ def progress_line(job: Job, pace: float) -> str:
     return (
         f"[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {job.progress * 100:5.1f}% "
         f"{done}/{job.total}  ok {job.succeeded}  failed {job.failed}  429s {job.throttled}  "
-        f"{pace:.1f}/s  ETA {duration_text(job_eta_seconds(job, pace))}  ({job.status})"
+        f"{pace:.1f}/s  ETA {duration_text(job_eta_seconds(job, pace))}  ({outcome_text(job)})"
     )
+
+
+def outcome_text(job: Job) -> str:
+    """The job's outcome in the admin's words ("completed with failures"), lower case as a
+    line's last word: a job whose calls failed never reads as plainly completed."""
+    return job_outcome(job).label.lower()
 
 
 def _plain(text: str) -> str:
@@ -201,6 +236,17 @@ def _moment(text: str) -> datetime:
     if moment.tzinfo is None:
         raise argparse.ArgumentTypeError(f"{text!r} has no time zone: add Z or an offset")
     return moment
+
+
+def _base_url(text: str) -> str:
+    """An http(s) address without query or fragment, its trailing slash dropped (the admin's
+    paths begin with one)."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an http:// or https:// address (https://ratejobs.example.com)"
+        )
+    return text.rstrip("/")
 
 
 def _owner(username: str | None) -> Any:
