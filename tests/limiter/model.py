@@ -93,10 +93,16 @@ class ReferenceLimiter:
         return LEARN_ROUGH_CLIMB if self.learned is not None else LEARN_CLIMB
 
     def _learning_rate(self, now: float) -> float:
+        """The learning phase's rate; idle, never above where a learned limit is held (0.99 of
+        it once sure), so the next job starts from what was learned."""
         t = self._since(now) / self.config.recovery_seconds
         if self.learn_sure:
-            return self.learn_target * (1 + LEARN_PROBE * t * t * t)
-        return self.learn_target * (1 + self._climb() * t)
+            r = self.learn_target * (1 + LEARN_PROBE * t * t * t)
+        else:
+            r = self.learn_target * (1 + self._climb() * t)
+        if self._learning_now(now) < now and self.learned is not None:
+            r = min(r, self.learned * LEARN_HOLD if self.learn_sure else self.learned)
+        return r
 
     def current_rate(self, now: float) -> float:
         cfg = self.config

@@ -3,6 +3,9 @@ through the real limiter against the sandbox, which enforces less than the rate 
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import pytest
 
 from ratejobs.limiter import Limiter, LimiterConfig
@@ -84,3 +87,35 @@ def test_the_limit_is_found_in_a_few_throttles_and_within_three_per_cent(
     assert state.counts.decreases <= 5
     assert state.learned_rate == pytest.approx(real, rel=0.03)
     assert result.throttled_share <= 0.02
+
+
+def test_after_an_idle_spell_sending_starts_just_under_the_learned_limit(
+    make_limiter, redis_client, sandbox
+):
+    # given an adaptive limiter configured at the advertised 150/s that learned the real
+    # 60/s from the 429s of a first job
+    server = sandbox(rate=CONFIGURED, real_rate=REAL, burst=SERVER_BURST, headers="none")
+    config = LimiterConfig(rate=CONFIGURED, burst=1, adaptive=True)
+    limiter = make_limiter(config)
+    drive(lambda: Limiter(redis_client, limiter.name), server.url, calls=CALLS, threads=THREADS)
+    learned = limiter.state().learned_rate
+    assert learned == pytest.approx(REAL, rel=0.03)
+    # and then a trickle for 3 s (a call every 0.3 s: the API is never idle), through which the
+    # probe climbs above what was learned, as it may while traffic flows (recovery_seconds cut
+    # to 0.5 s from the default 20 s so that it shows within the test)
+    limiter.configure(replace(config, recovery_seconds=0.5, version=2))
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        limiter.acquire()
+        time.sleep(0.3)
+    probing = limiter.state().current_rate
+    assert probing > 1.05 * learned
+    # when the API then sits idle past the recovery time and a whole period
+    time.sleep(1.5)
+    idle = limiter.state().current_rate
+    # expect: the idle rate is back just under the learned limit (where it holds while busy),
+    # not at the probe's, and the next job's grants are spaced at it
+    assert idle == pytest.approx(0.99 * learned, rel=1e-6)
+    first, _, third = limiter.acquire(), limiter.acquire(), limiter.acquire()
+    assert third.slot_us - first.slot_us >= 2 * 1_000_000 / learned
+    assert limiter.state().current_rate < learned

@@ -22,8 +22,9 @@ config and the state, and how an accepted throttle updates what was learned.
 --
 -- Each phase of the learning rate starts at learn_target from learn_from: when sending first
 -- starts (the API's bucket is full then, as after a block, so the span to the first throttle is
--- already a measurement), after each accepted throttle's block, and after an idle spell. After an
--- accepted throttle learn_target is:
+-- already a measurement), after each accepted throttle's block, and after an idle spell (from
+-- the rate it stood at, never above where a learned limit is held: learning_idle_cap). After
+-- an accepted throttle learn_target is:
 --   nothing learned yet: decrease_factor times the rate before, climbing by LEARN_CLIMB times
 --     it per recovery_seconds (discovery, like CUBIC's cuts);
 --   a rough estimate (fewer than LEARN_PRECISE_GRANTS grants between the two intervals, and
@@ -76,14 +77,27 @@ local function learning_climb(st)
   return st.learned and LEARN_ROUGH_CLIMB or LEARN_CLIMB
 end
 
+-- Where an idle API's rate stands at most once a limit was learned: where it holds while busy.
+-- The probe above it (or a trickle's climb towards the ceiling) measured nothing, and the
+-- API's bucket refills while idle, so the next job would start above the limit, into a 429.
+local function learning_idle_cap(st)
+  return st.learn_sure and st.learned * LEARN_HOLD or st.learned
+end
+
 -- The learning rate t µs after learn_from, and its slope (requests per period, per period).
 local function learning_rate(cfg, st, now)
-  now = learning_now(cfg, st, now)
-  local t = math.max(0, now - st.learn_from) / (cfg.recovery_seconds * 1000000)
+  local at = learning_now(cfg, st, now)
+  local t = math.max(0, at - st.learn_from) / (cfg.recovery_seconds * 1000000)
+  local r
   if st.learn_sure then
-    return st.learn_target * (1 + LEARN_PROBE * t * t * t)
+    r = st.learn_target * (1 + LEARN_PROBE * t * t * t)
+  else
+    r = st.learn_target * (1 + learning_climb(st) * t)
   end
-  return st.learn_target * (1 + learning_climb(st) * t)
+  if at < now and st.learned then
+    r = math.min(r, learning_idle_cap(st))
+  end
+  return r
 end
 
 local function learning_slope(cfg, st, now)
