@@ -29,7 +29,9 @@ DEBUG = env.bool("DJANGO_DEBUG", default=True)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # The admin as the ratejobs console (its name, the overview as home, the sidebar's order);
+    # a host project keeps "django.contrib.admin" and its own admin (docs/install.md).
+    "ratejobs.console.ConsoleAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -86,13 +86,29 @@ def credential_text(api: Api) -> str:
     return "none"
 
 
-def learned_limit_text(state: LimiterState) -> str:
-    """The API's real limit as the adaptive rate learned it from throttles."""
+# Below this share of the learned limit the rate is not holding under it but was cut (holding
+# is at 0.99 of it, lib/adaptive.lua LEARN_HOLD; a little margin for the probe's rounding).
+HOLDING_SHARE = 0.985
+
+
+def rate_story_text(state: LimiterState) -> str:
+    """The rate now, what it learned and the ceiling told as one story: "holding 11.9/s, just
+    under the 12/s it learned; ceiling 20/s", "probing at 13.3/s, above …", "cut to …"."""
+    now = per_period_text(state.current_rate, state.period)
+    ceiling = f"ceiling {per_period_text(state.rate, state.period)}"
     if not state.adaptive:
-        return "- (not adaptive)"
-    if state.learned_rate is None:
-        return "not measured yet (no throttle so far)"
-    return f"{per_period_text(state.learned_rate, state.period)} (held just under it)"
+        return f"{now}, the configured ceiling (not adaptive)"
+    learned = state.learned_rate
+    if learned is None:
+        if state.current_rate >= state.rate:
+            return f"{now}, at the ceiling; no limit learned yet (no 429 so far)"
+        return f"cut to {now} after a 429, climbing back; no limit learned yet; {ceiling}"
+    it_learned = f"the {per_period_text(learned, state.period)} it learned"
+    if state.current_rate > learned:
+        return f"probing at {now}, above {it_learned}; {ceiling}"
+    if state.current_rate >= HOLDING_SHARE * learned:
+        return f"holding {now}, just under {it_learned}; {ceiling}"
+    return f"cut to {now} after a 429, below {it_learned}; {ceiling}"
 
 
 def blocked_text(state: LimiterState) -> str:
@@ -110,7 +126,7 @@ def limiter_state_table(reading: LimiterReading) -> str:
         return format_html('<p class="rj-blocked">{}</p>', reading.error)
     state = reading.state
     rows = [
-        ("current rate", per_period_text(state.current_rate, state.period)),
+        ("rate now", rate_story_text(state)),
         ("ceiling", f"{per_period_text(state.rate, state.period)} (burst {state.burst})"),
         *(("limit", window_text(window)) for window in state.windows),
         (
@@ -119,7 +135,6 @@ def limiter_state_table(reading: LimiterReading) -> str:
             if state.adaptive
             else "no",
         ),
-        ("learned limit", learned_limit_text(state)),
         (
             "blocked",
             format_html('<span class="rj-blocked">{}</span>', blocked_text(state))
@@ -274,7 +289,6 @@ class ApiAdmin(ShownFiltersOnly, ManagerAccess, admin.ModelAdmin):
         "credential_column",
     )
     search_fields = ("name", "base_url")
-    filter_horizontal = ("submitter_groups",)
     list_filter = ("adaptive",)
     fieldsets = (
         (None, {"fields": ("name", "base_url")}),

@@ -17,8 +17,14 @@ from django.utils.html import format_html
 from ratejobs.admin.access import ReadOnlyStaffAccess, sees_every_job
 from ratejobs.admin.cells import clipped, clock_column
 from ratejobs.admin.lookups import ShownFiltersOnly
+from ratejobs.admin.titles import RecordTitles
 from ratejobs.models import Call, ThrottleEvent
-from ratejobs.selectors.jobs import CALL_LIST_DEFERRED, job_list_for_user, response_body_text
+from ratejobs.selectors.jobs import (
+    CALL_LIST_DEFERRED,
+    job_is_final,
+    job_list_for_user,
+    response_body_text,
+)
 from ratejobs.text import moment_text, rate_text, response_removed_text, seconds_text
 
 
@@ -212,10 +218,12 @@ def calls_url(job_id: int, **filters: Any) -> str:
 
 def job_calls_links_html(job: Any) -> str:
     """The job page's links to its calls: all, failed, and each status code the job's calls
-    got, with their counts ("200 (480) · 429 (3) · 500 (2)")."""
+    got, with their counts ("200 (480) · 429 (3) · 500 (2)"); "so far" while the job runs (the
+    page's progress data sends them again once, when it is final)."""
     codes = status_code_counts(Call.objects.filter(job=job))
     context = {
         "job": job,
+        "final": job_is_final(job),
         "all_url": calls_url(job.pk),
         "failed_url": calls_url(job.pk, status__exact=Call.Status.FAILED),
         "codes": [
@@ -240,7 +248,7 @@ def job_link(job: Any) -> str:
 
 
 @admin.register(Call)
-class CallAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
+class CallAdmin(RecordTitles, ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
     list_display = (
         "call_column",
         "request_column",
@@ -372,7 +380,7 @@ class CallAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
 
 
 @admin.register(ThrottleEvent)
-class ThrottleEventAdmin(ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
+class ThrottleEventAdmin(RecordTitles, ShownFiltersOnly, ReadOnlyStaffAccess, admin.ModelAdmin):
     list_display = (
         "created_clock",
         "kind",

@@ -213,7 +213,28 @@ class ApiAdminForm(forms.ModelForm):
         model = Api
         fields = "__all__"
         field_classes = {"limits": LimitsField}
+        # A plain list of checkboxes: the two-pane picker takes 350 px even with no groups, and
+        # the multiple-select's help appends "Hold down Control…" to the sentence below.
+        widgets = {"submitter_groups": forms.CheckboxSelectMultiple}
+        labels = {
+            "rate": "Rate (requests per period)",
+            "period": "Period (seconds)",
+            "min_rate": "Floor (requests per period)",
+            "limits": "More limits (JSON)",
+        }
         help_texts = {
+            "rate": "requests allowed in each period; the adaptive rate never goes above it",
+            "period": "the length of the window the rate counts over: 1 for a rate per second, "
+            "60 per minute",
+            "min_rate": "adaptive only: the rate is never cut below this, in requests per "
+            "period; empty: 5 % of the rate",
+            "limits": "windows every call must also fit, one per line: rate (requests, or cost "
+            'units with "unit": "cost") per period (seconds), burst (how many at once). For '
+            '1,000 an hour and 10,000 tokens a minute: [{"rate": 1000, "period": 3600, '
+            '"burst": 100}, {"rate": 10000, "period": 60, "burst": 10000, "unit": "cost"}]. '
+            "Empty: none",
+            "submitter_groups": "Only members of the ticked groups (and managers) may submit "
+            "jobs to this API; none ticked: everyone who may sign in.",
             "credential_env": "or the name of a variable of the workers' environment holding "
             "the secret: it must start with RATEJOBS_CRED_ (or be listed in "
             "RATEJOBS_CREDENTIAL_ENV_ALLOW)",

@@ -24,16 +24,18 @@ from django.http import (
 from django.shortcuts import get_object_or_404
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html
 
 from ratejobs.admin.access import StaffAccess, sees_every_job
 from ratejobs.admin.calls import job_calls_links_html
 from ratejobs.admin.cells import clock_column
 from ratejobs.admin.charts import job_chart_svg
+from ratejobs.admin.clone import clone_urls
 from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import JobSubmitForm
 from ratejobs.admin.lookups import ShownFiltersOnly
+from ratejobs.admin.titles import RecordTitles
 from ratejobs.models import Call, Job, ThrottleEvent
 from ratejobs.selectors.job_chart import job_block_notice, job_chart
 from ratejobs.selectors.jobs import (
@@ -172,6 +174,8 @@ def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
         "actions": job_actions_allowed(job),
         "final": final,
         "blocked": None if notice is None else notice.as_json(),
+        # The final counts by status code, once: the page polls no more after this answer.
+        "calls_links": job_calls_links_html(job) if final else None,
     }
 
 
@@ -222,13 +226,14 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
+class JobAdmin(RecordTitles, ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
     list_display = (
         "name",
         "api",
         "owner",
         "status_column",
         "progress_column",
+        "calls_column",
         "succeeded",
         "failed",
         "throttled_column",
@@ -253,13 +258,14 @@ class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
     callback_next_attempt_clock = clock_column("callback_next_attempt_at", "callback next attempt")
     callback_delivered_clock = clock_column("callback_delivered_at", "callback delivered")
     readonly_fields = (
-        "name", "api", "credential_key", "owner", "priority", "created_clock", "not_before_clock",
-        "deadline_clock", "calls_links",
+        "name", "api_link", "credential_key", "owner", "priority", "created_clock",
+        "not_before_clock", "deadline_clock", "calls_links",
     )  # fmt: skip
     fields = readonly_fields
     # The delivery of the job's callback (services.callbacks), under the job's own fields.
+    # Only on a job that has a callback: on the others they would be rows of "—".
     callback_fields = (
-        "callback_url",
+        "callback_url_text",
         "callback_status",
         "callback_attempts",
         "callback_last_error",
@@ -267,11 +273,14 @@ class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
         "callback_delivered_clock",
     )
 
+    def _callback_fields(self, obj: Job | None) -> tuple[str, ...]:
+        return self.callback_fields if obj is not None and obj.callback_url else ()
+
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> tuple:
-        return (*super().get_readonly_fields(request, obj), *self.callback_fields)
+        return (*super().get_readonly_fields(request, obj), *self._callback_fields(obj))
 
     def get_fields(self, request: HttpRequest, obj: Job | None = None) -> tuple:
-        shown = (*super().get_fields(request, obj), *self.callback_fields)
+        shown = (*super().get_fields(request, obj), *self._callback_fields(obj))
         return tuple(dict.fromkeys(shown))
 
     class Media:
@@ -298,6 +307,28 @@ class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
         if sees_every_job(request):
             return self.list_filter
         return (OutcomeFilter, "api")
+
+    # Labels as operators write them ("API", "URL"); the model's verbose names would read
+    # "Api" and "Callback url", and changing them would take a migration.
+    @admin.display(description="API")
+    def api_link(self, job: Job) -> str:
+        """The job's API, linked to its page as Django links a read-only foreign key."""
+        try:
+            url = reverse(
+                "admin:ratejobs_api_change", args=[job.api_id], current_app=self.admin_site.name
+            )
+        except NoReverseMatch:
+            return str(job.api)
+        return format_html('<a href="{}">{}</a>', url, job.api)
+
+    @admin.display(description="callback URL")
+    def callback_url_text(self, job: Job) -> str:
+        return job.callback_url
+
+    @admin.display(description="calls", ordering="total")
+    def calls_column(self, job: Job) -> int:
+        """The job's size: how many calls it was submitted with."""
+        return job.total
 
     @admin.display(description="calls")
     def calls_links(self, job: Job) -> str:
@@ -392,6 +423,7 @@ class JobAdmin(ShownFiltersOnly, StaffAccess, admin.ModelAdmin):
     def get_urls(self) -> list:
         wrap = self.admin_site.admin_view
         return [
+            *clone_urls(self),
             path(
                 "<int:job_id>/progress/",
                 wrap(self.progress_view),

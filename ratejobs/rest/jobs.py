@@ -39,6 +39,7 @@ from ratejobs.rest.job_serializers import (
     ThrottleEventOutputSerializer,
 )
 from ratejobs.rest.parsers import JobJSONParser, JsonLinesParser, upload_calls
+from ratejobs.rest.serializers import StrictInputSerializer
 from ratejobs.rest.throttles import JobCreateThrottle
 from ratejobs.rest.views import APIView, GenericAPIView
 from ratejobs.selectors.jobs import (
@@ -53,8 +54,10 @@ from ratejobs.selectors.jobs import (
 from ratejobs.selectors.results import RESULT_FIELDS, RESULTS_FORMATS, job_results_response
 from ratejobs.services.jobs import (
     JobActionRefused,
+    JobCloneRefused,
     calls_check,
     job_act,
+    job_clone,
     job_submit,
 )
 from ratejobs.services.retention import JobPurgeRefused, job_purge_request
@@ -462,3 +465,58 @@ class JobRetryFailedView(_JobActionView):
     paused one stays paused. 409 when the job is cancelled or has no failed calls."""
 
     action_name = "retry-failed"
+
+
+class JobCloneInputSerializer(StrictInputSerializer):
+    calls = serializers.ChoiceField(
+        choices=[("all", "all"), ("failed", "failed")],
+        help_text="all: every call of the job; failed: only its calls that failed (a finished "
+        "job's; cancelled calls are not copied)",
+    )
+    # \S: a name of spaces only is blank once trimmed (as JobCreateInputSerializer's)
+    name = serializers.RegexField(
+        r"\S",
+        max_length=Job._meta.get_field("name").max_length,
+        required=False,
+        help_text="the new job's name; default: the job's, with \" (again)\"",
+    )
+
+
+class JobCloneView(_JobCreateThrottled, APIView):
+    @extend_schema(
+        request=JobCloneInputSerializer,
+        parameters=[_RETRY_AFTER],
+        responses={
+            201: JobOutputSerializer,
+            400: OpenApiResponse(
+                description="field errors; no call to copy (`calls`); a call no longer valid "
+                "for the API (by index under `calls`); a limit of yours reached"
+            ),
+            403: OpenApiResponse(description="the job's API no longer takes jobs from you"),
+            404: OpenApiResponse(description="no such job, or not one you may see"),
+            409: OpenApiResponse(
+                ConflictSerializer, "only the failed calls of a job not finished yet"
+            ),
+            429: _THROTTLED,
+        },
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        """Run a job again: a new queued job, yours, on the same API with the same priority,
+        credential key and callback (your own job's), and copies of the calls' requests (never
+        their responses): `"calls": "all"`, in any status, or `"failed"`, the calls that
+        failed, once the job is completed or cancelled (409 before). A not_before or deadline
+        is kept while still ahead. The same checks and limits as `POST /api/jobs/`."""
+        job = job_get_for_user(request.user, job_id)
+        serializer = JobCloneInputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        fields = serializer.validated_data
+        try:
+            clone = job_clone(
+                job=job,
+                owner=request.user,
+                only_failed=fields["calls"] == "failed",
+                name=fields.get("name"),
+            )
+        except JobCloneRefused as exc:
+            raise _conflict(exc.job, str(exc)) from exc
+        return Response(JobOutputSerializer(clone).data, status=status.HTTP_201_CREATED)

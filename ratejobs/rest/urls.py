@@ -47,6 +47,7 @@ urlpatterns = [
         jobs.JobRetryFailedView.as_view(),
         name="job-retry-failed",
     ),
+    path("jobs/<int:job_id>/clone/", jobs.JobCloneView.as_view(), name="job-clone"),
     path("signing-key/", signing_keys.SigningKeyView.as_view(), name="signing-key"),
     path("schema/", SchemaView.as_view(), name="schema"),
     # GET and HEAD only: its HTML renderer has no template for an OPTIONS answer (a 500)

@@ -740,3 +740,120 @@ def job_act(*, job: Job, action: str) -> Job:
     if refusal is not None:
         raise JobActionRefused(job, refusal)
     return JOB_ACTIONS[action](job)
+
+
+# --- running a job again (a clone) -------------------------------------------------------------
+
+# What a clone copies of a call: its request, as a client submits it (CALL_FIELDS), never its
+# outcome (status, response, attempts, error, its limiter reservation).
+CLONED_CALL_FIELDS = tuple(sorted(CALL_FIELDS))
+# Rows of the source job read per round trip while the clone is stored.
+CLONE_READ_CHUNK = 2000
+
+
+class JobCloneRefused(Exception):
+    """The source job's status rules the clone out (REST: 409); the message says why."""
+
+    def __init__(self, job: Job, message: str) -> None:
+        super().__init__(message)
+        self.job = job
+
+
+def job_clone_name(job: Job) -> str:
+    """The clone's name when none is given, cut to fit the column."""
+    most = Job._meta.get_field("name").max_length
+    suffix = " (again)"
+    return job.name[: most - len(suffix)] + suffix
+
+
+def job_clone_refusal(job: Job, *, only_failed: bool) -> str | None:
+    """Why the job, as loaded, cannot be cloned that way; None when it can.
+
+    Every call may be copied whatever the job's status: a call's request never changes. Only
+    its failed calls need a finished job: until then which calls failed is not settled (more
+    may fail, or a retry-failed may send them again), so the clone could double-send."""
+    if only_failed and job.status not in (Job.Status.COMPLETED, Job.Status.CANCELLED):
+        return (
+            f"Cannot run only the failed calls of a {job.status} job: wait until it finishes, "
+            "or run all its calls again."
+        )
+    return None
+
+
+def job_clone(*, job: Job, owner: Any, only_failed: bool, name: str | None = None) -> Job:
+    """A new queued job of `owner` with copies of the job's calls: all of them, or with
+    `only_failed` the calls that failed (status failed; cancelled calls were never sent, or
+    stopped by a cancel or a deadline on purpose, and are not copied: run all again for them).
+
+    It goes through job_submit, so it is held to what any new job is: the owner's limits, the
+    API's submitter groups, the calls' checks against the API as it is now (its cost windows,
+    its headers), the credential keys still existing; all of it or nothing, in one transaction.
+    Copied: the API, priority, credential key (by key: no secret is read), the calls' requests
+    and indexes renumbered from 0. Scheduling: not_before and deadline only while still ahead
+    (a passed not_before would mean "now" anyway; a passed deadline would cancel every call at
+    once), else none. The callback_url only when the owner is the job's: its receiver checks
+    the signature with the job owner's signing key.
+
+    PermissionDenied when `owner` may not see the job; JobCloneRefused when the job's status
+    rules it out (job_clone_refusal); ValidationError when there is no call to copy, or the
+    copy would not be a valid job now."""
+    # Imported here: the selectors import nothing of the services, and keep it that way.
+    from ratejobs.selectors.jobs import job_list_for_user
+
+    if not job_list_for_user(owner).filter(pk=job.pk).exists():
+        raise PermissionDenied("You may not see this job.")
+    with transaction.atomic():
+        if only_failed:
+            # Held until the copy is stored: a retry-failed of the job (which takes the same
+            # lock) cannot turn the failed calls back to pending halfway through the copy.
+            status = job_lock(job.pk)
+            if status is None:
+                raise PermissionDenied("You may not see this job.")
+            job.status = status
+        refusal = job_clone_refusal(job, only_failed=only_failed)
+        if refusal is not None:
+            raise JobCloneRefused(job, refusal)
+        calls = job.calls.order_by("index")
+        if only_failed:
+            calls = calls.filter(status=Call.Status.FAILED)
+        if not calls.exists():
+            which = "failed calls" if only_failed else "calls"
+            raise ValidationError({"calls": f"The job has no {which} to run again."})
+        now = timezone.now()
+        return job_create(
+            owner=owner,
+            api=job.api,
+            name=name or job_clone_name(job),
+            calls=_call_specs(calls),
+            priority=job.priority,
+            # the largest job any route takes: the source was accepted by one of them, and the
+            # owner's pending-calls limit still holds
+            max_calls=max(
+                settings.RATEJOBS_MAX_CALLS_PER_REQUEST, settings.RATEJOBS_MAX_CALLS_PER_UPLOAD
+            ),
+            not_before=job.not_before if job.not_before and job.not_before > now else None,
+            deadline=job.deadline if job.deadline and job.deadline > now else None,
+            credential_key=job.credential_key,
+            callback_url=job.callback_url if job.owner_id == owner.pk else "",
+        )
+
+
+def _call_specs(calls: QuerySet[Call]) -> Iterator[dict[str, Any]]:
+    """The calls as a client would submit them, read a chunk at a time by index: a
+    million-call job is never in memory whole. Empty optional fields are left out, as a client
+    leaves them out.
+
+    Not QuerySet.iterator(): its server-side cursor, left open when job_submit stops reading
+    (a limit reached, a bad call), is closed after the savepoint that held it was rolled back,
+    and that error aborts the caller's transaction."""
+    after = -1
+    while True:
+        chunk = list(
+            calls.filter(index__gt=after).values("index", *CLONED_CALL_FIELDS)[:CLONE_READ_CHUNK]
+        )
+        if not chunk:
+            return
+        after = chunk[-1]["index"]
+        for values in chunk:
+            del values["index"]
+            yield {field: value for field, value in values.items() if value is not None}

@@ -6,7 +6,7 @@ import dataclasses
 
 from django.urls import reverse
 
-from ratejobs.admin.apis import learned_limit_text
+from ratejobs.admin.apis import rate_story_text
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Api, ThrottleEvent
 
@@ -40,7 +40,7 @@ def form_data(api: Api, **changes) -> dict:
 def test_the_api_page_shows_the_live_limiter_state_and_never_the_secret(root_client, api):
     html = root_client.get(change_url(api)).content.decode()
     assert "Shared limiter, live from Redis" in html
-    assert "current rate" in html and "10/s" in html and "not blocked" in html
+    assert "rate now" in html and "10/s" in html and "not blocked" in html
     assert "stored (encrypted)" in html
     assert SECRET not in html
     listing = root_client.get(reverse("admin:ratejobs_api_changelist")).content.decode()
@@ -118,16 +118,29 @@ def test_an_api_added_in_the_admin_configures_its_limiter(
     assert api_limiter(api).state().rate == 7
 
 
-def test_the_api_page_shows_the_learned_limit(root_client, api):
-    # given an API that is not adaptive: nothing to learn
+def test_the_api_page_tells_the_rate_and_the_learned_limit_as_one_story(root_client, api):
+    # given an API that is not adaptive: its rate is the ceiling, nothing to learn
     html = root_client.get(change_url(api)).content.decode()
-    assert "learned limit" in html and "not adaptive" in html
-    # and a limiter state that learned the real limit (the values state.lua returns)
-    state = api_limiter(api).state()
-    learned = dataclasses.replace(state, adaptive=True, learned_rate=39.6)
-    assert learned_limit_text(learned) == "39.6/s (held just under it)"
-    unmeasured = dataclasses.replace(state, adaptive=True, learned_rate=None)
-    assert learned_limit_text(unmeasured).startswith("not measured yet")
+    assert "10/s, the configured ceiling (not adaptive)" in html
+    # expect: no separate "learned limit" or "current rate" row to contradict it, and no
+    # "generation" (a count of schedule resets, nothing an operator acts on)
+    assert "learned limit" not in html and "current rate" not in html
+    assert "generation" not in html.lower()
+    # and, from limiter states that learned a real limit of 12/s under a ceiling of 20/s
+    state = dataclasses.replace(
+        api_limiter(api).state(), adaptive=True, rate=20.0, period=1.0, learned_rate=12.0
+    )
+    stories = {
+        rate: rate_story_text(dataclasses.replace(state, current_rate=rate))
+        for rate in (11.88, 13.3, 8.4)
+    }
+    assert stories[11.88] == "holding 11.9/s, just under the 12/s it learned; ceiling 20/s"
+    assert stories[13.3] == "probing at 13.3/s, above the 12/s it learned; ceiling 20/s"
+    assert stories[8.4] == "cut to 8.4/s after a 429, below the 12/s it learned; ceiling 20/s"
+    unmeasured = dataclasses.replace(state, learned_rate=None, current_rate=14.0)
+    assert rate_story_text(unmeasured) == (
+        "cut to 14/s after a 429, climbing back; no limit learned yet; ceiling 20/s"
+    )
 
 
 def test_the_api_page_tells_each_429_in_one_row_with_the_rate_cut_it_caused(
@@ -145,6 +158,8 @@ def test_the_api_page_tells_each_429_in_one_row_with_the_rate_cut_it_caused(
     # expect: one row, in words, with units; no separate "rate decreased" row
     assert "429 received · Retry-After 1.0 s · rate 10.0/s → 7.0/s" in html
     assert "rate decreased" not in html
+    # and the table says what it lists
+    assert "429s and blocks, last hour" in html
 
 
 def test_an_api_whose_limiter_is_not_in_redis_yet_is_shown_not_a_500(
@@ -165,3 +180,13 @@ def test_an_api_whose_limiter_is_not_in_redis_yet_is_shown_not_a_500(
         assert page.status_code == 200, url
     change = root_client.get(pages[1]).content.decode()
     assert "limiter not in Redis yet" in change
+
+
+def test_the_api_form_gives_units_and_a_plain_group_list(root_client, api):
+    html = root_client.get(change_url(api)).content.decode()
+    # expect: the period and the floor in their units, the extra limits with an example
+    assert "Period (seconds)" in html and "Floor (requests per period)" in html
+    assert "More limits (JSON)" in html and '"period": 3600' in html
+    # and the groups as checkboxes under one sentence, not the two-pane picker
+    assert "Only members of the ticked groups" in html
+    assert "Hold down" not in html and "SelectFilter" not in html

@@ -76,15 +76,28 @@ def test_the_job_page_links_to_all_failed_and_each_status_code_of_its_calls(root
     assert "200 (3) · 429 (1) · 500 (2)" in re.sub(r"<[^>]+>", "", page)
     found = links(page, within='class="rj-calls-links"')
     assert found["All calls (7)"] == f"{CALLS_URL}?job__id__exact={job.pk}"
-    assert found["Failed (2)"] == f"{CALLS_URL}?job__id__exact={job.pk}&status__exact=failed"
+    # the job still runs: its counts say so
+    assert "By status code so far" in page
+    assert found["Failed (2 so far)"] == f"{CALLS_URL}?job__id__exact={job.pk}&status__exact=failed"
     assert found["200 (3)"] == f"{CALLS_URL}?job__id__exact={job.pk}&status_code__exact=200"
     # followed, each shows the job's calls it says, and no other job's
     follow = {text: call_rows(root_client, href) for text, href in found.items()}
     assert follow["All calls (7)"] == mine(0, 1, 2, 3, 4, 5, 6)
-    assert follow["Failed (2)"] == mine(3, 4)
+    assert follow["Failed (2 so far)"] == mine(3, 4)
     assert follow["200 (3)"] == mine(0, 1, 2)
     assert follow["429 (1)"] == mine(5)
     assert follow["500 (2)"] == mine(3, 4)
+
+
+def test_the_final_counts_reach_the_open_page_once_the_job_is_final(root_client, job):
+    # given the page's progress data while the job runs, and once it is final
+    progress = reverse("admin:ratejobs_job_progress", args=[job.pk])
+    assert root_client.get(progress).json()["calls_links"] is None
+    type(job).objects.filter(pk=job.pk).update(status="completed")
+    final = root_client.get(progress).json()["calls_links"]
+    # expect: the final links, with no "so far"
+    assert "200 (3) · 429 (1) · 500 (2)" in re.sub(r"<[^>]+>", "", final)
+    assert "so far" not in final and "Failed (2)" in final
 
 
 def test_a_job_without_failures_still_links_to_all_its_calls(root_client, make_job):

@@ -55,11 +55,13 @@ def test_the_page_is_for_staff_only(client, admin_client_for, staff, user):
     assert "ratejobs/overview.js" in html
 
 
-def test_the_admin_index_and_header_link_to_the_overview(root_client):
-    for url in (reverse("admin:index"), reverse("admin:app_list", args=["ratejobs"])):
-        html = root_client.get(url).content.decode()
-        assert "Overview: what every API and job is doing now" in html
-        assert f'href="{PAGE_URL}"' in html
+def test_the_admin_index_is_the_overview_and_the_app_page_links_to_it(root_client):
+    # the project's admin is the console (ratejobs.console): its home is the overview itself
+    html = root_client.get(reverse("admin:index")).content.decode()
+    assert 'id="rj-overview"' in html and f'href="{PAGE_URL}"' in html
+    html = root_client.get(reverse("admin:app_list", args=["ratejobs"])).content.decode()
+    assert "Overview: what every API and job is doing now" in html
+    assert f'href="{PAGE_URL}"' in html
 
 
 def test_figures_of_the_last_five_minutes_come_from_seconds_and_429s(

@@ -75,8 +75,13 @@ def test_submit_a_job_pause_resume_and_watch_it_complete(
     assert page.locator('[data-field="succeeded"]').inner_text() == str(CALLS)
     assert page.locator('[data-field="status_display"]').inner_text() == "Completed"
     assert page.locator("#rj-chart svg").count() == 1
-    # a completed job without failures offers no action
-    assert page.locator(".rj-actions button:visible").count() == 0
+    # the links to its calls count them as they ended, not as they stood at page load
+    links = page.locator("[data-calls-links]").inner_text()
+    assert f"200 ({CALLS})" in links and "so far" not in links
+    # a completed job without failures offers none of pause, resume, cancel or retry; only
+    # running it again
+    assert page.locator(".rj-actions button[data-action]:visible").count() == 0
+    assert page.get_by_role("button", name="Run again").is_visible()
     print("job page:", screenshot(page, "job-page"))
 
     # and downloads its results with the page's button: a row a call, after the header
@@ -179,7 +184,8 @@ def test_an_api_with_several_limits_shows_each_window_and_its_job_offers_its_res
     page.goto(f"{live_server.url}/admin/ratejobs/api/{api.pk}/change/")
     state = page.locator("#rj-limiter table.rj-state")
     state.wait_for()
-    assert state.locator("tr", has_text="ceiling").inner_text().endswith("20/s (burst 5)")
+    ceiling = state.locator("tr:has(th:text-is('ceiling'))").inner_text()
+    assert ceiling.endswith("20/s (burst 5)")
     lines = state.locator("tr:has(th:text-is('limit'))").all_inner_texts()
     assert len(lines) == 2, lines
     assert "10 per 60 s (burst 10): 7 left, full in 1" in lines[0]

@@ -127,6 +127,9 @@ REST = [
           (401, 404, 404, 404, 409)),
     Route("api:job-retry-failed", "OPTIONS", "/api/jobs/{job}/retry-failed/",
           (401, 200, 200, 200, 200)),
+    # running a job again makes a job of one's own from one the person may see
+    Route("api:job-clone", "POST", "/api/jobs/{job}/clone/", (401, 404, 404, 404, 201), "clone"),
+    Route("api:job-clone", "OPTIONS", "/api/jobs/{job}/clone/", (401, 200, 200, 200, 200)),
     # a signing key is always one's own: nobody reaches another's
     Route("api:signing-key", "GET", "/api/signing-key/", (401, 200, 200, 200, 200), same=HEAD),
     Route("api:signing-key", "POST", "/api/signing-key/", (401, 201, 201, 201, 201)),
@@ -242,6 +245,8 @@ ADMIN = [
           (*_LOGIN, 404, 404, 302)),
     Route("admin:ratejobs_job_act", "POST", f"{_J}/{{job}}/act/retry-failed/",
           (*_LOGIN, 404, 404, 302)),
+    Route("admin:ratejobs_job_clone", "POST", f"{_J}/{{job}}/clone/",
+          (*_LOGIN, 404, 404, 302), "clone"),
     Route("admin:ratejobs_job_results", "GET", f"{_J}/{{job}}/results.jsonl",
           (*_LOGIN, 404, 404, 200), same=ANY),
     Route("admin:ratejobs_job_results", "GET", f"{_J}/{{job}}/results.csv",
@@ -412,6 +417,7 @@ def payload(name: str, world: dict[str, Any], role: str) -> dict[str, Any]:
         "block": {"seconds": "0.5", "post": "yes"},
         "confirmed": {"post": "yes"},  # from a confirmation page (reset, cancel)
         "confirm": {"post": "yes"},  # from a delete page
+        "clone": {"calls": "all"},  # run a job again, REST and admin alike
         "new_credential": {"key": f"k-{role}", "secret": "secret-of-the-api-key"},
         "secret": {"secret": "secret-of-the-api-key"},
         "credential_form": {"key": f"k-{role}", "secret": "secret-of-the-api-key"},

@@ -35,6 +35,9 @@
     for (const el of document.querySelectorAll("#rj-job [data-field], #rj-events [data-field]")) {
       if (el.dataset.field in data) el.textContent = data[el.dataset.field];
     }
+    // Our own template's HTML (admin.calls.job_calls_links_html), sent once the job is final.
+    const links = document.querySelector("[data-calls-links]");
+    if (links && data.calls_links) links.outerHTML = data.calls_links;
     // The ETA cell changes field as the job starts or pauses (job_progress_data's eta_field).
     const eta = box.querySelector('[data-field="eta"], [data-field="eta_note"]');
     if (eta) {
