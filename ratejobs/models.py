@@ -267,6 +267,10 @@ class Job(models.Model):
     # The JSON body every attempt of the current delivery sends, built in the transaction that
     # finished the job: the state that finish announced, not the job's when it is sent.
     callback_body = models.TextField(blank=True, editable=False)
+    # Seconds of the run (after `started`) spent in pauses that have ended (JobPause), added
+    # when each ends: duration and average rate leave them out without reading the pauses of
+    # every job a list shows. db_default: rows written by SQL that names none have not paused.
+    paused_seconds = models.FloatField(default=0.0, db_default=0.0, editable=False)
 
     class Meta:
         ordering = ["-created"]
@@ -415,6 +419,54 @@ class Call(models.Model):
         return f"{self.job.name} #{self.index} ({self.method} {self.path})"
 
 
+class CallAttempt(models.Model):
+    """One request of a call as it went (or could not go) out: what each try got back, so that
+    a call's page can say why it took five. Response headers are kept only where the limiter
+    reads them (Retry-After and rate-limit fields, services.calls.throttle_headers); request
+    headers, credentials and bodies never are. Written with the call's outcome, in the same
+    transaction (services.calls.calls_record_outcomes)."""
+
+    # Denormalised from the call: retention and purge remove a job's attempts by it, with no
+    # join through the calls table.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="call_attempts")
+    # indexed by attempt_call_finished, which leads with it: one index less to write per row
+    call = models.ForeignKey(
+        Call, on_delete=models.CASCADE, related_name="attempt_records", db_index=False
+    )
+    number = models.PositiveIntegerField(
+        help_text="1 for the first request, throttled ones counted; a retry of failed calls "
+        "starts again at 1, as the call's attempts do"
+    )
+    outcome = models.CharField(
+        max_length=16, help_text="what the attempt led to: succeeded, failed, retry, throttled..."
+    )
+    started = models.DateTimeField(help_text="when the request went out (database clock)")
+    finished = models.DateTimeField()
+    duration = models.FloatField(null=True, blank=True, help_text="seconds of the request")
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    throttled = models.BooleanField(default=False)
+    retry_after = models.CharField(
+        max_length=100, blank=True, help_text="the response's Retry-After header, as sent"
+    )
+    retry_in = models.FloatField(
+        null=True, blank=True, help_text="seconds the call was told to wait before its next try"
+    )
+    throttle_headers = models.JSONField(
+        default=dict, blank=True, help_text="the rate-limit headers of the response"
+    )
+
+    class Meta:
+        ordering = ["call", "finished", "pk"]
+        indexes = [
+            # a call's page lists its attempts in order
+            models.Index(fields=["call", "finished"], name="attempt_call_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of call {self.call_id}"
+
+
 class ApiCredential(models.Model):
     """One customer's credential for an API, named by a key: calls naming the key send its
     secret and are paced by a limiter bucket of their own (`{api}:{key}`) with the API's
@@ -452,6 +504,27 @@ class JobSecond(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} at {self.at}: {self.calls}"
+
+
+class JobPause(models.Model):
+    """A span when the job was paused, on the database's clock, written with the status change
+    that began it; `ended` is set by the resume, cancel or completion that left the pause, null
+    while the job is still paused. The job page's chart marks these."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="pauses")
+    started = models.DateTimeField()
+    ended = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            # A job is paused once at a time: a second pause racing the first opens nothing.
+            models.UniqueConstraint(
+                fields=["job"], condition=Q(ended__isnull=True), name="job_pause_one_open"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} paused {self.started} → {self.ended or 'now'}"
 
 
 class ThrottleEvent(models.Model):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
@@ -12,13 +13,14 @@ from django.db.models import Count, F, Q, QuerySet
 from django.http import HttpRequest
 from django.template.loader import render_to_string
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from ratejobs.admin.access import ReadOnlyStaffAccess, sees_every_job
 from ratejobs.admin.cells import clipped, clock_column
 from ratejobs.admin.lookups import ShownFiltersOnly
 from ratejobs.admin.titles import RecordTitles
-from ratejobs.models import Call, ThrottleEvent
+from ratejobs.models import Call, CallAttempt, ThrottleEvent
 from ratejobs.selectors.jobs import (
     CALL_LIST_DEFERRED,
     job_is_final,
@@ -54,6 +56,59 @@ def rate_change_text(event: ThrottleEvent, *, period: float) -> str:
         return "—"
     period = period or 1.0
     return f"{rate_text(event.rate_before / period)} → {rate_text(event.rate_after / period)}"
+
+
+# A call's page shows its newest attempts up to this many: a call throttled a thousand times
+# (max_throttled_retries) would otherwise make a page of a thousand rows.
+ATTEMPTS_SHOWN = 200
+
+
+@dataclass(frozen=True)
+class CallAttemptRow:
+    """One row of a call's Attempts table, as a person reads it."""
+
+    number: int
+    started: str
+    took: str
+    status_code: str
+    outcome: str
+    throttled: bool
+    retry_after: str
+    retry_in: str
+    headers: list[tuple[str, str]]
+    error: str
+
+    @classmethod
+    def of(cls, attempt: CallAttempt) -> CallAttemptRow:
+        # to the millisecond: a call's attempts can be that close together
+        started = timezone.localtime(attempt.started).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+        return cls(
+            number=attempt.number,
+            started=started,
+            took=seconds_text(attempt.duration),
+            status_code=str(attempt.status_code) if attempt.status_code else "—",
+            outcome=attempt.outcome,
+            throttled=attempt.throttled,
+            retry_after=attempt.retry_after or "—",
+            retry_in=seconds_text(attempt.retry_in),
+            headers=sorted(attempt.throttle_headers.items()),
+            error=attempt.error,
+        )
+
+
+def call_attempts_html(call: Call) -> str:
+    """The call's Attempts table: its newest ATTEMPTS_SHOWN attempts, oldest first."""
+    attempts = CallAttempt.objects.filter(call=call)
+    newest = list(attempts.order_by("-finished", "-pk")[:ATTEMPTS_SHOWN])
+    earlier = attempts.count() - len(newest) if len(newest) == ATTEMPTS_SHOWN else 0
+    context = {
+        "rows": [CallAttemptRow.of(attempt) for attempt in reversed(newest)],
+        "earlier": earlier,
+        "removed": call.response_removed_at is not None,
+        # a call answered at its first try keeps no attempt row (services.calls._attempt_kept)
+        "tries": call.attempts + call.throttled_count,
+    }
+    return render_to_string("admin/ratejobs/call/_attempts.html", context)
 
 
 class CallOutcomeFilter(admin.SimpleListFilter):
@@ -295,6 +350,7 @@ class CallAdmin(RecordTitles, ShownFiltersOnly, ReadOnlyStaffAccess, admin.Model
                     "created_clock",
                     "started_clock",
                     "finished_clock",
+                    "attempt_table",
                 )
             },
         ),
@@ -341,6 +397,10 @@ class CallAdmin(RecordTitles, ShownFiltersOnly, ReadOnlyStaffAccess, admin.Model
     started_clock = clock_column("started")
     finished_clock = clock_column("finished")
     next_attempt_clock = clock_column("next_attempt_at", "next attempt at")
+
+    @admin.display(description="attempts")
+    def attempt_table(self, call: Call) -> str:
+        return call_attempts_html(call)
 
     @admin.display(description="duration of the last request")
     def duration_text(self, call: Call) -> str:

@@ -4,6 +4,7 @@ the rate the limiter granted, its ceiling, the spans when the API was blocked, a
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from datetime import timedelta
 
 from django.utils.html import format_html, format_html_join
@@ -19,6 +20,12 @@ PLOT_W, PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
 MAX_Y_TICKS, MAX_X_TICKS = 5, 6
 # Half the width of "14:03:27" at the ticks' font size.
 CLOCK_LABEL_HALF_WIDTH = 24
+# The paused spans' hatching, distinct from the blocks' flat shading; drawn by the SVG itself
+# (presentation attributes), so the chart a poll swaps in needs nothing of the stylesheet.
+PAUSED_COLOR = "#2a6fb0"
+PAUSED_HATCH_ID = "rj-paused-hatch"
+# A paused span at least this wide (pixels) carries the word "paused" as well.
+PAUSED_LABEL_MIN_WIDTH = 40
 # Steps between time ticks, in seconds: clock-like values only.
 TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200)
 
@@ -47,7 +54,8 @@ def _tick_label(value: float) -> str:
 def job_chart_svg(chart: JobChart | None) -> SafeString:
     """Bars of calls/s per bucket under a y-axis in calls/s; the granted rate as a stepped
     line and the API's ceiling as a faint dashed one, so a job running at its limit shows bars
-    touching the line; shaded spans while every call of the API waited out a block; red marks
+    touching the line; shaded spans while every call of the API waited out a block, hatched
+    ones while the job sat paused; red marks
     under the bars where 429s came back; clock times along the x-axis; and a legend."""
     if chart is None:
         return format_html('<p class="rj-chart-empty">{}</p>', "Not started yet.")
@@ -123,6 +131,7 @@ def job_chart_svg(chart: JobChart | None) -> SafeString:
             for block in chart.blocks
         ),
     )
+    pauses = _paused_bands(chart, x)
     bars = format_html_join(
         "",
         '<rect class="rj-bar" x="{}" y="{}" width="{}" height="{}"><title>{}: {}</title></rect>',
@@ -187,7 +196,7 @@ def job_chart_svg(chart: JobChart | None) -> SafeString:
         '<svg class="rj-chart" viewBox="0 0 {w} {h}" width="100%" role="img" '
         'aria-label="calls per second, the granted rate, blocks and 429s over time" '
         'xmlns="http://www.w3.org/2000/svg">'
-        "{blocks}{grid}"
+        "{blocks}{pauses}{grid}"
         '<line class="rj-axis" x1="{l}" y1="{b}" x2="{r}" y2="{b}"/>'
         '<line class="rj-axis" x1="{l}" y1="{t}" x2="{l}" y2="{b}"/>'
         "{bars}{ceiling}{rate_line}{throttles}{x_ticks}"
@@ -200,6 +209,7 @@ def job_chart_svg(chart: JobChart | None) -> SafeString:
         t=TOP,
         b=bottom,
         blocks=blocks,
+        pauses=pauses,
         grid=grid,
         bars=bars,
         ceiling=ceiling,
@@ -211,6 +221,47 @@ def job_chart_svg(chart: JobChart | None) -> SafeString:
         legend=legend,
     )
     return format_html('{}<p class="rj-chart-note">{}</p>', svg, blocks_note(chart))
+
+
+def _paused_bands(chart: JobChart, x: Callable[[float], float]) -> SafeString:
+    """The spans the job sat paused, hatched over the plot's height and named in their title
+    (and in the band, when it is wide enough to read)."""
+    if not chart.pauses:
+        return SafeString("")
+    bands = []
+    for pause in chart.pauses:
+        left, width = x(pause.start), max(x(pause.end) - x(pause.start), 1.0)
+        label = ""
+        if width >= PAUSED_LABEL_MIN_WIDTH:
+            label = format_html(
+                '<text class="rj-tick rj-paused-label" x="{}" y="{}" text-anchor="middle">'
+                "paused</text>",
+                f"{left + width / 2:.1f}",
+                TOP + 12,
+            )
+        bands.append(
+            format_html(
+                '<rect class="rj-paused" x="{}" y="{}" width="{}" height="{}" fill="url(#{})" '
+                'stroke="{}" stroke-opacity="0.5"><title>{}</title></rect>{}',
+                f"{left:.1f}",
+                TOP,
+                f"{width:.1f}",
+                PLOT_H,
+                PAUSED_HATCH_ID,
+                PAUSED_COLOR,
+                pause.title,
+                label,
+            )
+        )
+    return format_html(
+        '<defs><pattern id="{}" patternUnits="userSpaceOnUse" width="6" height="6" '
+        'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="{}" '
+        'stroke-width="2" stroke-opacity="0.45"/></pattern></defs>'
+        '<g class="rj-pauses">{}</g>',
+        PAUSED_HATCH_ID,
+        PAUSED_COLOR,
+        format_html_join("", "{}", ((band,) for band in bands)),
+    )
 
 
 def blocks_note(chart: JobChart) -> str:
@@ -245,6 +296,8 @@ _SWATCH = {
     "line": '<line class="{cls}" x1="{x}" y1="11" x2="{x2}" y2="11"/>',
     "block": '<rect class="{cls}" x="{x}" y="6" width="10" height="10"/>',
     "429": '<rect class="rj-429" x="{x}" y="8" width="10" height="6"/>',
+    "paused": '<rect class="{cls}" x="{x}" y="6" width="10" height="10" fill="url(#{hatch})" '
+    'stroke="{color}" stroke-opacity="0.5"/>',
 }
 
 
@@ -257,11 +310,16 @@ def _legend(chart: JobChart) -> SafeString:
         entries.append(("block", "rj-block", "blocked by this job"))
     if any(not block.own for block in chart.blocks):
         entries.append(("block", "rj-block rj-block-other", "blocked by others"))
+    if chart.pauses:
+        entries.append(("paused", "rj-paused", "paused"))
     entries.append(("429", "", "429s"))
     parts = []
     at = LEFT
     for kind, cls, text in entries:
-        parts.append((format_html(_SWATCH[kind], x=at, x2=at + 14, cls=cls), at + 18, text))
+        swatch = format_html(
+            _SWATCH[kind], x=at, x2=at + 14, cls=cls, hatch=PAUSED_HATCH_ID, color=PAUSED_COLOR
+        )
+        parts.append((swatch, at + 18, text))
         at += 24 + 6 * len(text)
     return format_html(
         '<g class="rj-legend">{}</g>',

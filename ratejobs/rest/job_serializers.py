@@ -329,6 +329,43 @@ class CallOutputSerializer(serializers.Serializer):
         return bodies is not None and call.response_body_bytes is not None and call.pk not in bodies
 
 
+class CallAttemptOutputSerializer(serializers.Serializer):
+    """One request of a call: what it got back and what the call did next. Of the response,
+    only the headers the limiter reads (Retry-After, rate-limit fields); never a body."""
+
+    number = serializers.IntegerField(
+        min_value=1, help_text="1 for the first request, throttled ones counted"
+    )
+    outcome = serializers.CharField(
+        help_text="succeeded, failed, cancelled; retry or throttled: the call was sent again"
+    )
+    started = serializers.DateTimeField()
+    finished = serializers.DateTimeField()
+    duration = serializers.FloatField(allow_null=True, min_value=0, help_text="seconds")
+    status_code = serializers.IntegerField(allow_null=True, min_value=100, max_value=999)
+    error = serializers.CharField()
+    throttled = serializers.BooleanField(help_text="the API throttled this request")
+    retry_after = serializers.CharField(help_text="the response's Retry-After, as sent")
+    retry_in = serializers.FloatField(
+        allow_null=True, min_value=0, help_text="seconds the call waited before its next try"
+    )
+    throttle_headers = serializers.DictField(
+        child=serializers.CharField(), help_text="the response's rate-limit headers"
+    )
+
+
+class CallDetailOutputSerializer(CallOutputSerializer):
+    """One call, with each of its attempts (a list of calls shows only the counts)."""
+
+    # "attempts" is the count, in lists and here alike: the list goes beside it
+    attempt_history = CallAttemptOutputSerializer(
+        source="attempt_records",
+        many=True,
+        help_text="its requests, oldest first, when it took more than one; a call answered at "
+        "its first try has none (its own fields are that try)",
+    )
+
+
 class ConflictSerializer(serializers.Serializer):
     """A 409: the action and the job's status do not go together."""
 

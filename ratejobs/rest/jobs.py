@@ -30,6 +30,7 @@ from ratejobs.models import Call, Job, ThrottleEvent
 from ratejobs.permissions import may_delete_records
 from ratejobs.rest.errors import Conflict
 from ratejobs.rest.job_serializers import (
+    CallDetailOutputSerializer,
     CallOutputSerializer,
     ConflictSerializer,
     JobCreateInputSerializer,
@@ -333,11 +334,12 @@ class JobCallListView(GenericAPIView):
 
 
 class JobCallDetailView(APIView):
-    @extend_schema(responses=CallOutputSerializer)
+    @extend_schema(responses=CallDetailOutputSerializer)
     def get(self, request: Request, job_id: int, index: int) -> Response:
-        """One call of the job by its index, with its whole stored response body."""
+        """One call of the job by its index, with its whole stored response body and each of its
+        attempts (`attempt_history`)."""
         call = call_get_for_job(job_get_for_user(request.user, job_id), index)
-        return Response(CallOutputSerializer(call).data)
+        return Response(CallDetailOutputSerializer(call).data)
 
 
 class _JsonErrorsWhateverIsAccepted(BaseContentNegotiation):

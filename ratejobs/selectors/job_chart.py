@@ -3,15 +3,15 @@ was blocked and why, and whether it is blocked now."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db.models import F, QuerySet, Window
+from django.db.models import F, Q, QuerySet, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from ratejobs.limiter import LimiterError
-from ratejobs.models import Job, ThrottleEvent
+from ratejobs.models import Job, JobPause, ThrottleEvent
 from ratejobs.selectors.apis import api_limiter_state, api_rate_history
 from ratejobs.selectors.jobs import Timeline, job_is_final, job_timeline
 from ratejobs.text import clock_text, seconds_text
@@ -57,6 +57,16 @@ class BlockSpan:
 
 
 @dataclass(frozen=True)
+class PauseSpan:
+    """A stretch of the chart when the job sat paused (nothing of it was sent, whatever the
+    API allowed), in seconds from its start."""
+
+    start: float
+    end: float
+    title: str
+
+
+@dataclass(frozen=True)
 class JobChart:
     """What the job page's chart draws: calls/s and 429s per bucket (the timeline), the rate the
     limiter granted as steps of (seconds from start, calls/s), its ceiling, and its blocks."""
@@ -73,6 +83,8 @@ class JobChart:
     blocked_seconds: dict[str, float]
     # 429s of this job's own calls over the chart
     own_throttles: int
+    # When the job was paused: a gap in its bars that no block explains
+    pauses: list[PauseSpan] = field(default_factory=list)
 
     @property
     def start(self) -> datetime:
@@ -211,7 +223,33 @@ def job_chart(job: Job) -> JobChart | None:
         blocks=blocks,
         blocked_seconds=blocked_seconds,
         own_throttles=sum(timeline.throttled),
+        pauses=_pause_spans(job, timeline.start, end),
     )
+
+
+def _pause_spans(job: Job, start: datetime, end: datetime) -> list[PauseSpan]:
+    """The job's pauses over the chart, oldest first; one still open runs to the chart's end."""
+    pauses = (
+        JobPause.objects.filter(job=job, started__lte=end)
+        .filter(Q(ended__isnull=True) | Q(ended__gte=start))
+        .order_by("started", "pk")
+        .values_list("started", "ended")[:MAX_CHART_EVENTS]
+    )
+    length = _offset(end, start)
+    spans = []
+    for began, ended in pauses:
+        begin, finish = max(_offset(began, start), 0.0), min(_offset(ended or end, start), length)
+        if finish < begin:
+            continue
+        if ended is None:
+            title = f"paused since {clock_text(began)} ({seconds_text(finish - begin)} so far)"
+        else:
+            title = (
+                f"paused {clock_text(began)} → {clock_text(ended)} "
+                f"({seconds_text((ended - began).total_seconds())})"
+            )
+        spans.append(PauseSpan(start=begin, end=finish, title=title))
+    return spans
 
 
 def _offset(moment: datetime, start: datetime) -> float:

@@ -15,7 +15,7 @@ from django.db.models.functions import Lag, Lead, Length, Trunc
 from django.http import Http404
 from django.utils import timezone
 
-from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
+from ratejobs.models import Call, Job, JobPause, JobSecond, ThrottleEvent
 from ratejobs.permissions import sees_every_job
 from ratejobs.text import duration_text, moment_text
 
@@ -272,12 +272,37 @@ def job_done_text(job: Job) -> str:
     return f"{text} ({job.cancelled:,} cancelled)" if job.cancelled else text
 
 
-def job_duration_seconds(job: Job) -> float | None:
-    """From start to finish, or to now while it has not finished; None before it starts."""
-    if job.started is None:
+def job_open_pause_started(job: Job) -> datetime | None:
+    """When the pause the job is in now began; None when it is not paused, or was paused
+    before pauses were recorded (one query, and only for a paused job: lists of finished jobs
+    read nothing more)."""
+    if job.status != Job.Status.PAUSED:
         return None
+    open_pause = JobPause.objects.filter(job_id=job.pk, ended__isnull=True)
+    return open_pause.values_list("started", flat=True).first()
+
+
+def _run_seconds(job: Job) -> tuple[float | None, bool]:
+    """The job's duration without its paused time, and whether every pause in it is known (a
+    job paused before pauses were recorded has its time in this pause counted as run)."""
+    if job.started is None:
+        return None, True
     end = job.finished or timezone.now()
-    return max((end - job.started).total_seconds(), 0.0)
+    paused = job.paused_seconds
+    known = True
+    if job.status == Job.Status.PAUSED:
+        began = job_open_pause_started(job)
+        if began is None:
+            known = False
+        else:
+            paused += max((end - max(began, job.started)).total_seconds(), 0.0)
+    return max((end - job.started).total_seconds() - paused, 0.0), known
+
+
+def job_duration_seconds(job: Job) -> float | None:
+    """From start to finish, or to now while it has not finished, less the time it sat paused
+    (its ended pauses and the one it is in); None before it starts."""
+    return _run_seconds(job)[0]
 
 
 # A job that ran for less than this (one fast call) is measured over this, not over
@@ -286,11 +311,11 @@ MIN_RATE_SECONDS = 1.0
 
 
 def job_average_rate(job: Job) -> float | None:
-    """Calls sent and ended per second over the job's duration; None before it starts, and
-    while it is paused: its duration then grows with time in which nothing may run, and the
-    pause intervals are not recorded to take them out (services.jobs.job_pause)."""
-    seconds = job_duration_seconds(job)
-    if seconds is None or job.status == Job.Status.PAUSED:
+    """Calls sent and ended per second over the job's duration (paused time left out); None
+    before it starts, and while it sits in a pause that was not recorded (paused before
+    pauses were): its duration then grows with time in which nothing may run."""
+    seconds, known = _run_seconds(job)
+    if seconds is None or not known:
         return None
     return job_ran(job) / max(seconds, MIN_RATE_SECONDS)
 

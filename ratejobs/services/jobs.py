@@ -20,7 +20,7 @@ from ratejobs.execution.targets import check_headers, resolve_url, validate_meth
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.wakeups import request_dispatch
 from ratejobs.limiter.config import MAX_COST
-from ratejobs.models import Api, Call, Job, JobSecond
+from ratejobs.models import Api, Call, Job, JobPause, JobSecond
 from ratejobs.permissions import can_submit_to
 from ratejobs.services.callbacks import (
     callback_fields_on_finish,
@@ -531,15 +531,21 @@ def job_complete_if_done(*, job_id: int) -> bool:
             )
         )
         if completed:
+            # a paused job completes when its deadline cancels what was left
+            _pause_close(job_id=job_id, now=database_now())
             job_callback_prepare(job_id=job_id)
     return completed
 
 
 @transaction.atomic
 def job_pause(*, job: Job) -> Job:
-    """Stop dispatching; calls already in the broker are skipped when a worker takes them."""
+    """Stop dispatching; calls already in the broker are skipped when a worker takes them. The
+    pause is recorded (JobPause) with the status change."""
+    # The UPDATE holds the job's row until commit: a second pause waits, then finds the job
+    # paused and opens nothing.
     updated = Job.objects.filter(pk=job.pk, status__in=Job.ACTIVE).update(status=Job.Status.PAUSED)
     if updated:
+        JobPause.objects.create(job_id=job.pk, started=database_now())
         job.calls.filter(status=Call.Status.PENDING).update(dispatched_at=None)
     job.refresh_from_db()
     return job
@@ -551,6 +557,7 @@ def job_resume(*, job: Job) -> Job:
         status=Job.Status.RUNNING
     )
     if updated:
+        _pause_close(job_id=job.pk, now=database_now())
         _rejoin_fairly(job)
         transaction.on_commit(lambda: request_dispatch(job.api_id))
     job.refresh_from_db()
@@ -559,18 +566,37 @@ def job_resume(*, job: Job) -> Job:
 
 @transaction.atomic
 def job_cancel(*, job: Job) -> Job:
-    """Cancel every call not yet started; calls running now finish and are recorded."""
-    now = timezone.now()
+    """Cancel every call not yet started; calls running now finish and are recorded. A pause
+    still open ends at the cancel."""
+    # The database's clock, as the pause's start was read: its end and the job's finish are
+    # the same moment, never a pause ending after the job did.
+    now = database_now()
     locked = Job.objects.select_for_update().get(pk=job.pk)
     if locked.status in (Job.Status.CANCELLED, Job.Status.COMPLETED):
         return locked
     Job.objects.filter(pk=job.pk).update(
         status=Job.Status.CANCELLED, finished=now, **callback_fields_on_finish()
     )
+    _pause_close(job_id=job.pk, now=now)
     _cancel_pending_calls(job_id=job.pk, now=now)
     job_callback_prepare(job_id=job.pk)
     locked.refresh_from_db()
     return locked
+
+
+def _pause_close(*, job_id: int, now: datetime) -> None:
+    """End the job's open pause, if any, at `now`, and add the part of it after the job started
+    to the job's paused_seconds; the caller holds the job's row."""
+    pause = JobPause.objects.filter(job_id=job_id, ended__isnull=True).first()
+    if pause is None:
+        return
+    JobPause.objects.filter(pk=pause.pk).update(ended=now)
+    started = Job.objects.filter(pk=job_id).values_list("started", flat=True).first()
+    if started is None:  # paused while queued: not part of a run that has not begun
+        return
+    seconds = (now - max(pause.started, started)).total_seconds()
+    if seconds > 0:
+        Job.objects.filter(pk=job_id).update(paused_seconds=F("paused_seconds") + seconds)
 
 
 def job_cancel_leftovers() -> int:

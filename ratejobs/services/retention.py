@@ -1,5 +1,6 @@
 """Retention: throttle events and stored response bodies removed once they are older than
-RATEJOBS_KEEP_EVENTS_DAYS and RATEJOBS_KEEP_BODIES_DAYS, and finished jobs purged with all they
+RATEJOBS_KEEP_EVENTS_DAYS and RATEJOBS_KEEP_BODIES_DAYS (the calls' attempts go with the
+bodies: they are the rest of what each response said), and finished jobs purged with all they
 hold. Everything goes in batches of at most BATCH_ROWS rows, each batch its own short
 transaction, so no lock is held long enough for a worker to notice (bench.retention measures
 it on a million rows)."""
@@ -20,7 +21,7 @@ from django.db.models import Q, QuerySet, Subquery
 from ratejobs.celery_settings import PURGE_TASK
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.connections import redis_client
-from ratejobs.models import Call, Job, JobSecond, ThrottleEvent
+from ratejobs.models import Call, CallAttempt, Job, JobPause, JobSecond, ThrottleEvent
 from ratejobs.namespace import redis_key
 from ratejobs.services.kept_uploads import kept_uploads_remove_expired
 
@@ -43,7 +44,7 @@ PAUSE_RATIO = 1.0
 PURGE_DEBOUNCE_SECONDS = 1.0
 FINISHED = (Job.Status.COMPLETED, Job.Status.CANCELLED)
 # What refers to a job, deleted before it by a purge.
-JOB_ROWS = (JobSecond, ThrottleEvent, Call)
+JOB_ROWS = (JobSecond, JobPause, ThrottleEvent, CallAttempt, Call)
 
 
 @dataclass
@@ -132,7 +133,8 @@ def call_bodies_remove_old(
 ) -> Removed:
     """Clear the stored response bodies and headers of the calls of jobs that finished
     (completed or cancelled) more than `days` ago (none when days is 0), marking each call
-    with the time (`response_removed_at`). Jobs still running keep theirs, however old."""
+    with the time (`response_removed_at`), and delete their attempts. Jobs still running keep
+    theirs, however old."""
     removed = Removed()
     now = database_now()
     cutoff = _cutoff(days, now)
@@ -166,7 +168,10 @@ def _job_bodies_remove(
     deadline: float | None,
 ) -> bool:
     """Clear one job's bodies, a range of `batch_size` call indexes per transaction (its unique
-    index on job and index finds them); False if the deadline came first."""
+    index on job and index finds them), after its attempts; False if the deadline came
+    first."""
+    if not _job_attempts_remove(job_id, cutoff, removed, batch_size=batch_size, deadline=deadline):
+        return False
     last = Call.objects.filter(job_id=job_id).order_by("-index").values_list("index", flat=True)
     last_index = last.first()
     start = 0
@@ -175,15 +180,7 @@ def _job_bodies_remove(
             return False
         began = time.perf_counter()
         with transaction.atomic():
-            # The job's lock first, as every writer of a job's calls takes it: a retry of its
-            # failed calls cannot start between this check and the update.
-            still_old = (
-                Job.objects.select_for_update()
-                .filter(pk=job_id, status__in=FINISHED, finished__lt=cutoff)
-                .values_list("pk", flat=True)
-                .first()
-            )
-            if still_old is None:
+            if not _job_locked_if_still_old(job_id, cutoff):
                 return True
             cleared = (
                 Call.objects.filter(job_id=job_id, index__gte=start, index__lt=start + batch_size)
@@ -201,6 +198,40 @@ def _job_bodies_remove(
         bodies_removed_at=now
     )
     return True
+
+
+def _job_locked_if_still_old(job_id: int, cutoff: datetime) -> bool:
+    """Whether the job is still finished before `cutoff`, holding its row's lock when it is
+    (inside the caller's transaction). Every writer of a job's calls takes that lock first: a
+    retry of its failed calls cannot start between this check and the caller's write."""
+    locked = (
+        Job.objects.select_for_update()
+        .filter(pk=job_id, status__in=FINISHED, finished__lt=cutoff)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    return locked is not None
+
+
+def _job_attempts_remove(
+    job_id: int, cutoff: datetime, removed: Removed, *, batch_size: int, deadline: float | None
+) -> bool:
+    """Delete one finished job's call attempts, `batch_size` per transaction; False if the
+    deadline came first. A call has many attempts: counted by attempt, not by call, a batch
+    stays as small as the bodies' batches."""
+    while not _out_of_time(deadline):
+        began = time.perf_counter()
+        with transaction.atomic():
+            # the attempts of a retry of its failed calls, started meanwhile, are not the old
+            # ones this removes
+            if not _job_locked_if_still_old(job_id, cutoff):
+                return True
+            batch = CallAttempt.objects.filter(job_id=job_id).values("pk")[:batch_size]
+            deleted, _ = CallAttempt.objects.filter(pk__in=Subquery(batch)).delete()
+        if not deleted:
+            return True
+        _batch_done(removed, deleted, began)
+    return False
 
 
 def job_purge_refusal(job: Job) -> str | None:
@@ -240,14 +271,20 @@ def _purge_mark(job: Job) -> bool:
 
 
 def job_purge(*, job: Job, batch_size: int = BATCH_ROWS, deadline: float | None = None) -> Removed:
-    """Delete a finished job and everything of it: its per-second counts, throttle events and
-    calls in batches, then the job. JobPurgeRefused for a job not finished. The job is hidden
-    from every list before the first batch; run again, this finishes a purge left half-done.
+    """Delete a finished job and everything of it: its per-second counts, throttle events,
+    call attempts and calls in batches, then the job. JobPurgeRefused for a job not finished.
+    The job is hidden from every list before the first batch; run again, this finishes a purge
+    left half-done.
     `done` is False when the deadline came first (the job stays hidden; beat goes on)."""
     removed = Removed()
     if not _purge_mark(job):
         return removed
-    for rows in (JobSecond.objects.filter(job_id=job.pk), ThrottleEvent.objects.filter(job=job)):
+    for rows in (
+        JobSecond.objects.filter(job_id=job.pk),
+        JobPause.objects.filter(job_id=job.pk),
+        ThrottleEvent.objects.filter(job=job),
+        CallAttempt.objects.filter(job_id=job.pk),  # before the calls they refer to
+    ):
         if not _delete_in_batches(rows, removed, batch_size=batch_size, deadline=deadline):
             removed.done = False
             return removed

@@ -111,8 +111,14 @@ def throttle_delay(
     return max(delays) if delays else None
 
 
+def is_hint_field(name: str) -> bool:
+    """Whether a response header (by lower-case name) is one the throttle hints are read from:
+    Retry-After and the rate-limit fields of every dialect."""
+    return name in _HINT_FIELDS or any(mark in name for mark in _HINT_MARKS)
+
+
 def _may_hint(fields: dict[str, str]) -> bool:
-    return any(name in _HINT_FIELDS or any(mark in name for mark in _HINT_MARKS) for name in fields)
+    return any(is_hint_field(name) for name in fields)
 
 
 def _quota(
