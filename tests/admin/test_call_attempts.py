@@ -79,3 +79,16 @@ def test_staff_do_not_see_attempts_of_others_calls(
     _attempts(call, 2)
     page = admin_client_for(staff).get(reverse("admin:ratejobs_call_change", args=[call.pk]))
     assert page.status_code in (302, 403, 404)
+
+
+def test_a_call_page_counts_every_request_sent_429s_included(root_client: Any, make_job: Any):
+    # given a call sent six times: five 429s (which use no attempt) and a 200
+    call = make_job(calls=1).calls.get()
+    type(call).objects.filter(pk=call.pk).update(
+        status="succeeded", attempts=1, throttled_count=5, status_code=200
+    )
+    html = root_client.get(reverse("admin:ratejobs_call_change", args=[call.pk])).content
+    # expect: six requests, not "attempts: 1"
+    text = re.sub(r"<[^>]+>|\s+", " ", html.decode())
+    max_attempts = call.job.api.max_attempts
+    assert f"6 (1 of {max_attempts} attempts used; 5 answered 429, which use none)" in text
