@@ -20,6 +20,7 @@ from ratejobs.admin.cells import clipped, clock_column
 from ratejobs.admin.confirm import confirmation_page, confirmed
 from ratejobs.admin.forms import ApiAdminForm
 from ratejobs.admin.lookups import ShownFiltersOnly
+from ratejobs.admin.window_rows import windows_html
 from ratejobs.execution.request import MASK
 from ratejobs.limiter import LimiterError, LimiterState
 from ratejobs.limiter.core import MICROS
@@ -335,8 +336,9 @@ class ApiAdmin(ShownFiltersOnly, ManagerAccess, admin.ModelAdmin):
             return self.fieldsets
         # Read-only for those who may not manage APIs: a default header's value may be a key,
         # and the credential's inputs have nothing to show.
-        shown = {"default_headers": "default_header_names", "credential": None,
-                 "clear_credential": None, "credential_to_new_origin": None}  # fmt: skip
+        shown = {"default_headers": "default_header_names", "limits": "limits_text",
+                 "credential": None, "clear_credential": None,
+                 "credential_to_new_origin": None}  # fmt: skip
         return tuple(
             (title, {"fields": tuple(
                 shown.get(name, name) for name in options["fields"] if shown.get(name, name)
@@ -348,8 +350,14 @@ class ApiAdmin(ShownFiltersOnly, ManagerAccess, admin.ModelAdmin):
     def default_header_names(self, api: Api) -> str:
         return ", ".join(f"{name}: {MASK}" for name in api.default_headers) or "none"
 
+    @admin.display(description="more limits")
+    def limits_text(self, api: Api) -> str:
+        """One window a line: "1,000 requests per 1 hour, burst 100"."""
+        return windows_html(api.limits)
+
     def get_readonly_fields(self, request: HttpRequest, obj: Api | None = None) -> tuple:
-        fixed = ("credential_status", "default_header_names", "created_clock", "updated_clock")
+        fixed = ("credential_status", "default_header_names", "limits_text", "created_clock",
+                 "updated_clock")  # fmt: skip
         return ("name", *fixed) if obj is not None else fixed
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:

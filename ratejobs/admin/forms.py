@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 from django import forms
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from ratejobs.admin.window_rows import WindowRowsField
 from ratejobs.execution.targets import ALLOWED_METHODS
 from ratejobs.limiter.config import MAX_COST
 from ratejobs.models import (
@@ -20,7 +20,7 @@ from ratejobs.models import (
     KeptUpload,
 )
 from ratejobs.permissions import apis_open_to
-from ratejobs.services.apis import WINDOW_FIELDS, api_validate
+from ratejobs.services.apis import api_validate
 from ratejobs.services.kept_uploads import UploadNotKept, upload_forget, upload_keep, upload_kept
 from ratejobs.uploads import NumberedCalls, calls_from_template, calls_from_upload
 
@@ -171,23 +171,6 @@ class JobSubmitForm(forms.Form):
         )
 
 
-class LimitsField(forms.JSONField):
-    """An API's windows shown one a line, their fields in the order people write them (the
-    database keeps JSON objects with their keys reordered)."""
-
-    widget = forms.Textarea(attrs={"rows": 5, "cols": 80})
-
-    def prepare_value(self, value: Any) -> Any:
-        if not (isinstance(value, list) and value and all(isinstance(w, dict) for w in value)):
-            return super().prepare_value(value)
-        order = {name: place for place, name in enumerate(WINDOW_FIELDS)}
-        lines = [
-            json.dumps(dict(sorted(w.items(), key=lambda item: order.get(item[0], len(order)))))
-            for w in value
-        ]
-        return "[\n  " + ",\n  ".join(lines) + "\n]"
-
-
 class ApiAdminForm(forms.ModelForm):
     """The secret is write-only: the page never shows it, only whether one is stored."""
 
@@ -201,6 +184,13 @@ class ApiAdminForm(forms.ModelForm):
         help_text="sent in the auth header; stored encrypted. Leave empty to keep the stored "
         "secret.",
     )
+    limits = WindowRowsField(
+        label="More limits",
+        help_text="windows every call must also fit, besides the rate above, one a row: e.g. "
+        "1,000 requests per 1 hour with a burst of 100 (how many may go at once), and 10,000 "
+        "cost units (tokens) per 1 minute. Empty rows are ignored; all rows empty means none. "
+        "For more rows than the page offers, save and edit again.",
+    )
     clear_credential = forms.BooleanField(required=False, label="Remove the stored secret")
     credential_to_new_origin = forms.BooleanField(
         required=False,
@@ -212,7 +202,6 @@ class ApiAdminForm(forms.ModelForm):
     class Meta:
         model = Api
         fields = "__all__"
-        field_classes = {"limits": LimitsField}
         # A plain list of checkboxes: the two-pane picker takes 350 px even with no groups, and
         # the multiple-select's help appends "Hold down Control…" to the sentence below.
         widgets = {"submitter_groups": forms.CheckboxSelectMultiple}
@@ -220,7 +209,6 @@ class ApiAdminForm(forms.ModelForm):
             "rate": "Rate (requests per period)",
             "period": "Period (seconds)",
             "min_rate": "Floor (requests per period)",
-            "limits": "More limits (JSON)",
         }
         help_texts = {
             "rate": "requests allowed in each period; the adaptive rate never goes above it",
@@ -228,11 +216,6 @@ class ApiAdminForm(forms.ModelForm):
             "60 per minute",
             "min_rate": "adaptive only: the rate is never cut below this, in requests per "
             "period; empty: 5 % of the rate",
-            "limits": "windows every call must also fit, one per line: rate (requests, or cost "
-            'units with "unit": "cost") per period (seconds), burst (how many at once). For '
-            '1,000 an hour and 10,000 tokens a minute: [{"rate": 1000, "period": 3600, '
-            '"burst": 100}, {"rate": 10000, "period": 60, "burst": 10000, "unit": "cost"}]. '
-            "Empty: none",
             "submitter_groups": "Only members of the ticked groups (and managers) may submit "
             "jobs to this API; none ticked: everyone who may sign in.",
             "credential_env": "or the name of a variable of the workers' environment holding "
@@ -241,9 +224,11 @@ class ApiAdminForm(forms.ModelForm):
         }
 
     def clean_limits(self) -> Any:
-        # an emptied box means no windows, not a missing value
-        limits = self.cleaned_data.get("limits")
-        return [] if limits in (None, "") else limits
+        # Rows saved as they were shown keep the stored JSON as it is (3600, not the rows'
+        # 3600.0), so an unchanged page changes nothing.
+        if "limits" not in self.changed_data:
+            return self["limits"].initial
+        return self.cleaned_data["limits"]
 
     def credential_given(self) -> bool:
         """Whether the credential is given again in this change (see api_validate)."""
@@ -257,6 +242,8 @@ class ApiAdminForm(forms.ModelForm):
 
     def _post_clean(self) -> None:
         super()._post_clean()
+        # Bad limits stop here: their field said what is wrong by row (limits_errors, as
+        # api_validate would again, in its "limits[1]" words)
         if self.errors:
             return
         data = self.cleaned_data

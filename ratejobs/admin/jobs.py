@@ -51,6 +51,7 @@ from ratejobs.selectors.jobs import (
     job_filter_by_outcome,
     job_is_final,
     job_outcome,
+    job_pace_text,
     job_paces,
     job_ran,
     throttle_event_story_for_job,
@@ -154,14 +155,7 @@ def job_progress_data(job: Job, pace: float) -> dict[str, Any]:
         "ran_percent": round(ran, 1),
         "cancelled_percent": round(cancelled, 1),
         "pace": round(average if final and average is not None else pace, 2),
-        # A paused job has no pace: calls that ended just after the pause are not its pace.
-        "pace_text": (
-            "paused"
-            if job.status == Job.Status.PAUSED
-            else rate_text(average if final else pace)
-            if job.started
-            else "—"
-        ),
+        "pace_text": job_pace_text(job, pace, average),
         "average_rate": rate_text(average),
         "duration": seconds_text(job_duration_seconds(job)),
         # "eta" always names a duration (the browser test's units); why there is none goes

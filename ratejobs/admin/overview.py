@@ -21,12 +21,13 @@ from django.utils.safestring import SafeString
 from django.utils.timezone import localtime
 
 from ratejobs.admin.access import is_staff
+from ratejobs.admin.apis import per_period_text
 from ratejobs.admin.charts import nice_ticks
 from ratejobs.admin.jobs import progress_bar
 from ratejobs.limiter import LimiterState
 from ratejobs.limiter.core import WindowState
 from ratejobs.models import Job
-from ratejobs.selectors.jobs import job_done_text, job_outcome
+from ratejobs.selectors.jobs import job_done_text, job_outcome, job_pace_text
 from ratejobs.selectors.overview import (
     IN_PROGRESS,
     RECENTLY_FINISHED_SECONDS,
@@ -83,8 +84,9 @@ def window_left_text(state: WindowState) -> str:
 
 
 def current_rate_text(state: LimiterState) -> str:
+    """ "11.9/s of 20/s": the measured rate to a tenth, the configured ceiling as given."""
     current = rate_text(state.current_rate / state.period)
-    return f"{current} of {rate_text(state.rate / state.period)}"
+    return f"{current} of {per_period_text(state.rate / state.period, 1)}"
 
 
 def blocked_text(item: ApiOverview, now: datetime) -> str:
@@ -228,12 +230,7 @@ def job_row(item: JobOverview) -> dict[str, Any]:
     what stands in for them ("paused", "starts at …"), which the page shows under another
     data-field so that a cell named "pace" or "eta" always holds a rate or a duration."""
     job = item.job
-    if job.status == Job.Status.PAUSED:
-        pace_text = "paused"
-    elif job.status == Job.Status.RUNNING and job.started:
-        pace_text = rate_text(item.pace)
-    else:
-        pace_text = "—"
+    pace_text = job_pace_text(job, item.pace)
     return {
         "id": job.pk,
         "name": job.name,

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from ratejobs.models import Call, Job, JobPause, JobSecond, ThrottleEvent
 from ratejobs.permissions import sees_every_job
-from ratejobs.text import duration_text, moment_text
+from ratejobs.text import duration_text, moment_text, rate_text
 
 # Columns of a call that no listing shows: the request's own body (up to a MiB each) and the
 # workers' bookkeeping.
@@ -341,6 +341,17 @@ def job_eta_seconds(job: Job, pace: float, now: datetime | None = None) -> float
     limit = job.api.rate / job.api.period
     speed = min(pace, limit) if pace > 0 else limit
     return remaining / speed
+
+
+def job_pace_text(job: Job, pace: float, average: float | None = None) -> str:
+    """The pace as an operator reads it: calls a second lately while the job runs, its average
+    over its running time once it is final; "paused" while paused (calls that ended just after
+    the pause are not its pace) and "—" before it has started."""
+    if job.status == Job.Status.PAUSED:
+        return "paused"
+    if not job.started or job.status == Job.Status.QUEUED:
+        return "—"
+    return rate_text(average if job_is_final(job) else pace)
 
 
 def job_eta_text(job: Job, pace: float, now: datetime | None = None) -> str:

@@ -22,6 +22,8 @@ from django.db.models.functions import Coalesce, NullIf
 
 from ratejobs.celery_settings import EXECUTE_CALLS_TASK
 from ratejobs.infra.clock import database_now
+from ratejobs.infra.limiters import api_limiter
+from ratejobs.limiter import LimiterError
 from ratejobs.models import Api, ApiCredential, Call, Job, JobSecond
 
 logger = logging.getLogger(__name__)
@@ -39,11 +41,40 @@ class DispatchResult:
     next_due: datetime | None  # the earliest later attempt still waiting, if any
 
 
-def dispatch_window(api: Api, *, buckets: int = 1) -> int:
-    """Calls the broker may hold for `api`: RATEJOBS_DISPATCH_WINDOW_SECONDS of its work,
-    where `buckets` credential keys each run at the API's rate."""
-    per_second = api.rate / api.period * buckets
-    wanted = math.ceil(per_second * settings.RATEJOBS_DISPATCH_WINDOW_SECONDS)
+@dataclass(frozen=True)
+class LimiterPace:
+    """What the API's own limiter grants now, as far as dispatch cares."""
+
+    per_second: float  # requests a second it grants (an adaptive API's cut rate)
+    blocked_for: float  # seconds until it grants anything (a 429's Retry-After), 0 if none
+
+
+def limiter_pace(api: Api) -> LimiterPace:
+    """The pace the window is sized by: the API's rate, or, for an adaptive API, the rate its
+    limiter has cut to, and how long a block still stops it. Sized by an adaptive API's
+    ceiling, a window held at a sixth of it (make demo) sent each call out 7.5 times: every
+    slot beyond the worker's wait came back at once, a message and a dispatch run each, two
+    thirds of what Flower listed. The ceiling and no block when Redis cannot be read: the
+    limiter still bounds the pace."""
+    ceiling = api.rate / api.period
+    try:
+        state = api_limiter(api).state()
+    except LimiterError:
+        return LimiterPace(ceiling, 0.0)
+    if not state.configured or state.period <= 0:
+        return LimiterPace(ceiling, 0.0)
+    per_second = ceiling
+    if api.adaptive and state.current_rate > 0:
+        per_second = min(ceiling, state.current_rate / state.period)
+    return LimiterPace(per_second, state.blocked_for)
+
+
+def dispatch_window(api: Api, *, buckets: int = 1, per_second: float | None = None) -> int:
+    """Calls the broker may hold for `api`: RATEJOBS_DISPATCH_WINDOW_SECONDS of its work at
+    `per_second` (its rate unless given), where `buckets` credential keys each run at it."""
+    if per_second is None:
+        per_second = api.rate / api.period
+    wanted = math.ceil(per_second * buckets * settings.RATEJOBS_DISPATCH_WINDOW_SECONDS)
     return max(
         settings.RATEJOBS_DISPATCH_WINDOW_MIN, min(settings.RATEJOBS_DISPATCH_WINDOW_MAX, wanted)
     )
@@ -95,16 +126,21 @@ def capped_window(api: Api, now: datetime) -> int:
     return max(2 * cap, math.ceil(2 * carried))
 
 
-def slots_within_wait(api: Api, *, buckets: int = 1) -> int:
+def slots_within_wait(api: Api, *, buckets: int = 1, per_second: float | None = None) -> int:
     """Slots the API's limiter grants within RATEJOBS_MAX_WORKER_WAIT (each of `buckets`
-    credential keys at the API's rate)."""
-    return math.ceil(api.rate / api.period * buckets * settings.RATEJOBS_MAX_WORKER_WAIT)
+    credential keys at `per_second`, the API's rate unless given)."""
+    if per_second is None:
+        per_second = api.rate / api.period
+    return math.ceil(per_second * buckets * settings.RATEJOBS_MAX_WORKER_WAIT)
 
 
-def calls_per_message(api: Api) -> int:
+def calls_per_message(api: Api, *, per_second: float | None = None) -> int:
     """Calls one message carries: at most RATEJOBS_CALLS_PER_MESSAGE, and no more than the
-    limiter grants in one worker wait, so one process does not take calls it must park."""
-    per_wait = math.ceil(api.rate / api.period * settings.RATEJOBS_MAX_WORKER_WAIT)
+    limiter grants in one worker wait (at `per_second`, the API's rate unless given), so one
+    process does not take calls it must park."""
+    if per_second is None:
+        per_second = api.rate / api.period
+    per_wait = math.ceil(per_second * settings.RATEJOBS_MAX_WORKER_WAIT)
     return max(1, min(settings.RATEJOBS_CALLS_PER_MESSAGE, per_wait))
 
 
@@ -119,6 +155,16 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
     the calls a dead dispatcher left in the window (reconcile.calls_recover_orphans) instead of
     leaving them to the reconciler's RATEJOBS_STALE_DISPATCH_SECONDS."""
     now = database_now()
+    api = Api.objects.filter(pk=api_id).first()
+    if api is None:
+        return DispatchResult(0, None)
+    # Read before the API's row is locked (Redis may be slow to answer). Each credential key
+    # has a bucket of its own, with its own cut rate and blocks: the API's says nothing of them.
+    pace = None if ApiCredential.objects.filter(api_id=api_id).exists() else limiter_pace(api)
+    if pace is not None and pace.blocked_for > settings.RATEJOBS_MAX_WORKER_WAIT:
+        # Every call sent now would find its slot after the block and come straight back.
+        return DispatchResult(0, now + timedelta(seconds=pace.blocked_for))
+    per_second = None if pace is None else pace.per_second
     with transaction.atomic():
         # Serialise the dispatchers of one API: a row lock on PostgreSQL, the write lock on
         # SQLite. Without it two could both see free room and overfill the window.
@@ -129,14 +175,15 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
             job__api_id=api_id, status=Call.Status.PENDING, dispatched_at__isnull=False
         ).count()
         buckets = _credential_buckets_running(api_id)
-        free = dispatch_window(api, buckets=buckets) - in_window
+        free = dispatch_window(api, buckets=buckets, per_second=per_second) - in_window
         running = Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING).count()
         if api.max_concurrency:
             free = min(free, capped_window(api, now) - running - in_window)
         else:
             # Running calls beyond what the limiter grants within a worker's wait only come
             # back (their slot is further): they take the window's room, as if in the broker.
-            free -= max(0, running - slots_within_wait(api, buckets=buckets))
+            within_wait = slots_within_wait(api, buckets=buckets, per_second=per_second)
+            free -= max(0, running - within_wait)
         if free <= 0:  # the common case while a job runs: no job row is locked for nothing
             return DispatchResult(0, None)
         # Lock the jobs before their calls, in id order, as pause, cancel and recording an
@@ -168,7 +215,7 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
             )
             # also a job paused before its first dispatch and resumed (running, never started)
             Job.objects.filter(pk__in=list(chosen), started__isnull=True).update(started=now)
-            size = calls_per_message(api)
+            size = calls_per_message(api, per_second=per_second)
             messages = [
                 (job_id, ids[start : start + size])
                 for job_id, ids in chosen.items()

@@ -1,9 +1,8 @@
 """The API page with several limits: each window's line (what is left, when it is full again),
-and the limits and cost fields edited in the form with errors by window."""
+and the limits and cost fields edited in the form with errors by row."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -43,17 +42,17 @@ def test_the_api_page_shows_each_window_with_what_is_left_and_when_it_is_full(
     assert "20/s (burst 5) + 2 more" in listing
 
 
-def test_limits_and_cost_fields_are_edited_in_the_form_with_errors_by_window(
+def test_limits_and_cost_fields_are_edited_in_the_form_with_errors_by_row(
     root_client, api, django_capture_on_commit_callbacks
 ):
     bad = [{"rate": 300, "period": 60, "burst": 10}, {"rate": 10, "period": -5, "burst": 1}]
-    response = root_client.post(change_url(api), form_data(api, limits=json.dumps(bad)))
+    response = root_client.post(change_url(api), form_data(api, limits=bad))
     assert response.status_code == 200
-    assert "limits[1].period: must be a positive number" in response.content.decode()
+    assert "row 2: period must be a positive number" in response.content.decode()
     api.refresh_from_db()
     assert api.limits == []
 
-    changes = {"limits": json.dumps(LIMITS), "cost_header": "X-Tokens-Used",
+    changes = {"limits": LIMITS, "cost_header": "X-Tokens-Used",
                "cost_json_field": "usage.total_tokens"}  # fmt: skip
     with django_capture_on_commit_callbacks(execute=True):
         response = root_client.post(change_url(api), form_data(api, **changes))
@@ -64,9 +63,9 @@ def test_limits_and_cost_fields_are_edited_in_the_form_with_errors_by_window(
     labels = [w.window.label for w in api_limiter(api).state().windows]
     assert labels == ["300/60s", "90000 cost/60s"]
 
-    # an emptied box removes them
+    # emptied rows remove them
     with django_capture_on_commit_callbacks(execute=True):
-        response = root_client.post(change_url(api), form_data(api, limits="", cost_header="X"))
+        response = root_client.post(change_url(api), form_data(api, limits=[], cost_header="X"))
     assert response.status_code == 302
     api.refresh_from_db()
     assert api.limits == [] and api_limiter(api).state().windows == ()

@@ -17,7 +17,19 @@ def change_url(api: Api) -> str:
     return reverse("admin:ratejobs_api_change", args=[api.pk])
 
 
-def form_data(api: Api, **changes) -> dict:
+def limits_rows(windows: list[dict], *, spare: int = 2) -> dict[str, str]:
+    """The More limits rows as the page posts them: one per window (its period in seconds, or
+    in a "period_unit" the window names), then `spare` empty rows."""
+    data = {}
+    for index, window in enumerate([*windows, *[{}] * spare]):
+        for name, default in (("rate", ""), ("period", ""), ("period_unit", "seconds"),
+                              ("burst", ""), ("unit", "requests")):  # fmt: skip
+            data[f"limits-{index}-{name}"] = str(window.get(name, default))
+    return data
+
+
+def form_data(api: Api, *, limits: list[dict] | None = None, **changes) -> dict:
+    """The change form as posted, with `changes`; `limits` as rows (by default the API's)."""
     data = {
         "base_url": api.base_url,
         "rate": api.rate,
@@ -32,6 +44,7 @@ def form_data(api: Api, **changes) -> dict:
         "auth_header": api.auth_header,
         "credential": "",
         "credential_env": "",
+        **limits_rows(api.limits if limits is None else limits),
     }
     data.update(changes)
     return data
@@ -186,7 +199,10 @@ def test_the_api_form_gives_units_and_a_plain_group_list(root_client, api):
     html = root_client.get(change_url(api)).content.decode()
     # expect: the period and the floor in their units, the extra limits with an example
     assert "Period (seconds)" in html and "Floor (requests per period)" in html
-    assert "More limits (JSON)" in html and '"period": 3600' in html
+    assert "More limits" in html and "1,000 requests per 1 hour with a burst of 100" in html
+    # as rows (two empty ones for an API without windows), not a JSON box
+    assert 'name="limits-1-period_unit"' in html and "limits-2-" not in html
+    assert "More limits (JSON)" not in html and 'name="limits"' not in html
     # and the groups as checkboxes under one sentence, not the two-pane picker
     assert "Only members of the ticked groups" in html
     assert "Hold down" not in html and "SelectFilter" not in html

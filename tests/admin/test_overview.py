@@ -84,7 +84,7 @@ def test_figures_of_the_last_five_minutes_come_from_seconds_and_429s(
 
     payload = data(root_client)
     row = api_data(payload, api.name)
-    assert row["current_rate"] == "20.0/s of 20.0/s"
+    assert row["current_rate"] == "20.0/s of 20/s"
     assert row["in_flight"] == "0 of 10"
     assert row["blocked"] == "—" and row["blocked_for"] == 0
     assert row["throttles_5m"] == 3

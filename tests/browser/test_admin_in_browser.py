@@ -190,9 +190,38 @@ def test_an_api_with_several_limits_shows_each_window_and_its_job_offers_its_res
     assert len(lines) == 2, lines
     assert "10 per 60 s (burst 10): 7 left, full in 1" in lines[0]
     assert "9000 cost per 86400 s (burst 9000): 6000 left, full in " in lines[1]
-    assert '"unit": "cost"' in page.locator("#id_limits").input_value()
+
+    # the windows as rows in their units (86400 s as 1 day), then two empty rows
+    def row(index: int) -> tuple[str, ...]:
+        return tuple(page.locator(f"[name=limits-{index}-{name}]").input_value()
+                     for name in ("rate", "period", "period_unit", "burst", "unit"))  # fmt: skip
+
+    assert row(0) == ("10", "1", "minutes", "10", "requests")
+    assert row(1) == ("9000", "1", "days", "9000", "cost")
+    assert row(2) == row(3) == ("", "", "seconds", "", "requests")
+    assert page.locator("[name=limits-4-rate]").count() == 0
     assert page.locator("#id_cost_json_field").input_value() == "usage.total_tokens"
     print("API page with limits:", screenshot(page, "api-page-limits"))
+    page.set_viewport_size({"width": 1280, "height": 1000})
+    print("API page with limits, 1280 px:", screenshot(page, "api-page-limits-1280"))
+
+    # when the operator fills an empty row with an hourly quota and saves
+    page.fill("[name=limits-2-rate]", "500")
+    page.fill("[name=limits-2-period]", "1")
+    page.select_option("[name=limits-2-period_unit]", "hours")
+    page.fill("[name=limits-2-burst]", "50")
+    page.click("input[name=_continue]")
+    page.locator(".messagelist", has_text="was changed successfully").wait_for()
+    # then the API holds it after the others, its period in seconds, and the page shows it
+    api.refresh_from_db()
+    assert api.limits[2] == {"rate": 500, "period": 3600, "burst": 50, "unit": "requests"}
+    assert api.limits[:2] == [
+        {"rate": 10, "period": 60, "burst": 10, "unit": "requests"},
+        {"rate": 9000, "period": 86400, "burst": 9000, "unit": "cost"},
+    ]
+    assert api.limits_version == 2
+    assert row(2) == ("500", "1", "hours", "50", "requests")
+    assert page.locator("[name=limits-4-rate]").count() == 1  # two empty rows again
 
     # and its job's page offers the results as files
     page.goto(f"{live_server.url}/admin/ratejobs/job/{job.pk}/change/")

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from project.celery import app
 from ratejobs.infra.clock import database_now
+from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call, Job, JobSecond
 from ratejobs.namespace import broker_key
 from ratejobs.services.apis import api_create
@@ -284,3 +285,44 @@ def test_a_capped_api_gets_the_calls_its_places_carried_lately(broker, owner, un
     # and calls long ago count for nothing
     JobSecond.objects.filter(job=job).update(at=now - timedelta(minutes=5))
     assert capped_window(api, now) == 8
+
+
+def test_an_adaptive_api_cut_below_its_ceiling_gets_a_window_of_its_cut_rate(
+    broker, owner, unique_name
+):
+    # given an adaptive API whose ceiling is 100/s (a window of 200) and whose limiter a 429
+    # has cut
+    api = api_create(
+        name=unique_name, base_url="http://127.0.0.1:9/", rate=100, adaptive=True, min_rate=10
+    )
+    job = job_create(owner=owner, api=api, name="cut", calls=calls(1000))
+    limiter = api_limiter(api)
+    limiter.report_throttle(None)
+    state = limiter.state()
+    assert state.current_rate < 100
+    cut = state.current_rate / state.period
+    # when the dispatcher runs after the block
+    time.sleep(state.blocked_for)
+    dispatch_api(api_id=api.pk)
+    # expect: two seconds of the cut rate in the broker, not two seconds of the ceiling: each
+    # call beyond what the limiter grants within a worker's wait would come straight back
+    dispatched = Call.objects.filter(job=job, dispatched_at__isnull=False).count()
+    assert dispatched == dispatch_window(api, per_second=cut) < dispatch_window(api) == 200
+
+
+def test_nothing_is_dispatched_while_the_api_is_blocked(broker, owner, unique_name):
+    # given an API blocked for 30 s (a 429's Retry-After) and a job waiting
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=50)
+    job = job_create(owner=owner, api=api, name="blocked", calls=calls(300))
+    api_limiter(api).block(30)
+    # when the dispatcher runs
+    result = dispatch_api(api_id=api.pk)
+    # expect: no call leaves the database (each would find its slot after the block), and a
+    # wake-up when the block ends
+    assert result.dispatched == 0
+    assert not Call.objects.filter(job=job, dispatched_at__isnull=False).exists()
+    assert result.next_due is not None
+    assert 25 < (result.next_due - database_now()).total_seconds() <= 30
+    # and once the block is lifted, a whole window goes
+    api_limiter(api).reset()
+    assert dispatch_api(api_id=api.pk).dispatched == dispatch_window(api)
