@@ -253,9 +253,16 @@ class Demo:
 
     def stop(self) -> None:
         # Web and Flower first, then workers (a warm shutdown finishes their current calls).
-        for name, process in reversed(self.children):
-            stop_process_group(process, STOP_TIMEOUT)
-            print(f"stopped {name}")
+        try:
+            for name, process in reversed(self.children):
+                stop_process_group(process, STOP_TIMEOUT)
+                print(f"stopped {name}")
+        except KeyboardInterrupt:
+            # A second Ctrl-C (or SIGTERM) while the workers finish their calls: no more
+            # waiting, but nothing left running (it used to leave the workers behind).
+            print("\nstopping at once...")
+            for _, process in self.children:
+                stop_process_group(process, 0)
         if self.sandbox is not None:
             self.sandbox.stop()
         if self.redis is not None and self.redis.started_here:

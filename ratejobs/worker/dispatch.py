@@ -13,6 +13,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from celery import current_app
 from django.conf import settings
@@ -33,6 +34,8 @@ logger = logging.getLogger(__name__)
 CAPPED_PACE_SECONDS = 3
 # The shortest time a capped API's recent pace is measured over: one batch of outcomes.
 CAPPED_RAMP_SECONDS = 0.25
+# When the limiter's bookings fill a worker's wait, dispatch looks again after at least this.
+BOOKED_RECHECK_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class LimiterPace:
 
     per_second: float  # requests a second it grants (an adaptive API's cut rate)
     blocked_for: float  # seconds until it grants anything (a 429's Retry-After), 0 if none
+    booked_for: float  # seconds of slots already granted ahead: the limiter, not calls, binds
 
 
 def limiter_pace(api: Api) -> LimiterPace:
@@ -60,13 +64,13 @@ def limiter_pace(api: Api) -> LimiterPace:
     try:
         state = api_limiter(api).state()
     except LimiterError:
-        return LimiterPace(ceiling, 0.0)
+        return LimiterPace(ceiling, 0.0, 0.0)
     if not state.configured or state.period <= 0:
-        return LimiterPace(ceiling, 0.0)
+        return LimiterPace(ceiling, 0.0, 0.0)
     per_second = ceiling
     if api.adaptive and state.current_rate > 0:
         per_second = min(ceiling, state.current_rate / state.period)
-    return LimiterPace(per_second, state.blocked_for)
+    return LimiterPace(per_second, state.blocked_for, state.next_free_in)
 
 
 def dispatch_window(api: Api, *, buckets: int = 1, per_second: float | None = None) -> int:
@@ -184,6 +188,23 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
             # back (their slot is further): they take the window's room, as if in the broker.
             within_wait = slots_within_wait(api, buckets=buckets, per_second=per_second)
             free -= max(0, running - within_wait)
+        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+        # Calls without a kept place that may go: all of `free` unless the limiter binds.
+        fresh = free
+        if pace is not None and pace.booked_for > 0 and not (api.max_concurrency or api.limits):
+            # Its slots are booked that far ahead, and a call claimed now starts only after
+            # them: more than tops the bookings up to a worker's wait would come straight back
+            # (3.6 claims a call in make demo, a message's worth sent at every run). Calls
+            # coming back to a kept place go all the same: their slot is among the bookings.
+            # Only where the main rate alone binds: a window's bookings are in its own units
+            # (a cost of 190 books as much as 38 calls of 5), and counted as calls they held
+            # back the call that must first try, then keep, its place (test_keep_place).
+            wait_left = settings.RATEJOBS_MAX_WORKER_WAIT - pace.booked_for
+            fresh = min(free, math.ceil(per_second * max(0.0, wait_left)) - in_window)
+            if free > 0 and fresh <= 0 and not _kept_places_due(api_id, due):
+                # Calls finishing ask again; the bookings may be another program's.
+                later = max(BOOKED_RECHECK_SECONDS, -wait_left)
+                return DispatchResult(0, now + timedelta(seconds=later))
         if free <= 0:  # the common case while a job runs: no job row is locked for nothing
             return DispatchResult(0, None)
         # Lock the jobs before their calls, in id order, as pause, cancel and recording an
@@ -199,9 +220,8 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
         )
         if not jobs:
             return DispatchResult(0, _next_start(api_id, now))
-        due = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
         candidates = {job.pk: _candidates(job, due, free) for job in jobs}
-        chosen = _share_fairly(jobs, candidates, free)
+        chosen = _share_fairly(jobs, candidates, free, fresh=max(0, fresh))
         call_ids = [call_id for ids in chosen.values() for call_id in ids]
         if call_ids:
             Call.objects.filter(
@@ -236,7 +256,15 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
     return DispatchResult(len(call_ids), next_due)
 
 
-def _candidates(job: Job, due: Q, free: int) -> deque[int]:
+class Candidates(NamedTuple):
+    """A job's due calls in the order they should go, and how many at the front come back to
+    confirm a kept limiter place."""
+
+    calls: deque[int]
+    kept: int
+
+
+def _candidates(job: Job, due: Q, free: int) -> Candidates:
     """Up to `free` of the job's due calls waiting in the database, in the order they should
     go: first those coming back to confirm a kept limiter place (its slot is near and passes
     unused if they are late), then the others by index."""
@@ -248,7 +276,18 @@ def _candidates(job: Job, due: Q, free: int) -> deque[int]:
     )
     others = waiting.order_by("index").values_list("pk", flat=True)[: free + len(kept)]
     first = set(kept)
-    return deque((kept + [pk for pk in others if pk not in first])[:free])
+    return Candidates(deque((kept + [pk for pk in others if pk not in first])[:free]), len(kept))
+
+
+def _kept_places_due(api_id: int, due: Q) -> bool:
+    """Whether a call of the API waits in the database to confirm a kept place now."""
+    return Call.objects.filter(
+        due,
+        job__api_id=api_id,
+        status=Call.Status.PENDING,
+        dispatched_at__isnull=True,
+        reservation__isnull=False,
+    ).exists()
 
 
 def _next_start(api_id: int, now: datetime) -> datetime | None:
@@ -262,19 +301,28 @@ def _next_start(api_id: int, now: datetime) -> datetime | None:
 
 
 def _share_fairly(
-    jobs: list[Job], candidates: dict[int, deque[int]], free: int
+    jobs: list[Job], candidates: dict[int, Candidates], free: int, *, fresh: int
 ) -> dict[int, list[int]]:
     """Stride scheduling: the job with the lowest pass takes the next place and advances its
-    pass by 1/priority, so over time each job gets places in proportion to its priority."""
-    heap = [(job.dispatch_pass, job.pk, job) for job in jobs if candidates[job.pk]]
+    pass by 1/priority, so over time each job gets places in proportion to its priority. Of
+    the `free` places, at most `fresh` go to calls without a kept place."""
+    left = {job.pk: candidates[job.pk].kept for job in jobs}
+    heap = [(job.dispatch_pass, job.pk, job) for job in jobs if candidates[job.pk].calls]
     heapq.heapify(heap)
     chosen: dict[int, list[int]] = {}
     while free and heap:
         _, _, job = heapq.heappop(heap)
-        chosen.setdefault(job.pk, []).append(candidates[job.pk].popleft())
+        if left[job.pk]:
+            left[job.pk] -= 1
+        elif fresh:
+            fresh -= 1
+        else:  # the job's kept places are taken, and there is no room for the others
+            continue
+        calls = candidates[job.pk].calls
+        chosen.setdefault(job.pk, []).append(calls.popleft())
         job.dispatch_pass += 1.0 / job.priority
         free -= 1
-        if candidates[job.pk]:
+        if calls:
             heapq.heappush(heap, (job.dispatch_pass, job.pk, job))
     return chosen
 

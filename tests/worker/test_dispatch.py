@@ -326,3 +326,28 @@ def test_nothing_is_dispatched_while_the_api_is_blocked(broker, owner, unique_na
     # and once the block is lifted, a whole window goes
     api_limiter(api).reset()
     assert dispatch_api(api_id=api.pk).dispatched == dispatch_window(api)
+
+
+def test_when_the_limiter_is_booked_ahead_only_what_starts_within_a_wait_is_dispatched(
+    broker, owner, unique_name, settings
+):
+    # given an API at 10/s (burst 1) whose limiter has its slots booked about 0.7 s ahead
+    # (calls already claimed wait for them), and a job waiting
+    settings.RATEJOBS_MAX_WORKER_WAIT = 1.0
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=10, burst=1)
+    job = job_create(owner=owner, api=api, name="booked", calls=calls(300))
+    booked = api_limiter(api).acquire_many(8, max_wait=5.0)
+    assert len(booked) == 8
+    # when the dispatcher runs
+    result = dispatch_api(api_id=api.pk)
+    # expect: about the 3 calls that top the bookings up to a worker's wait (10/s x 0.3 s),
+    # not a window of 2 s of work (20): the others would come straight back from the claim
+    sent = Call.objects.filter(job=job, dispatched_at__isnull=False).count()
+    assert result.dispatched == sent
+    assert 1 <= sent <= 5, sent
+    # and when the bookings fill the whole wait, nothing, with a look again when they no
+    # longer do
+    api_limiter(api).acquire_many(15, max_wait=5.0)
+    result = dispatch_api(api_id=api.pk)
+    assert result.dispatched == 0 and result.next_due is not None
+    assert Call.objects.filter(job=job, dispatched_at__isnull=False).count() == sent
