@@ -7,7 +7,7 @@ STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
 .PHONY: venv test test-fast demo lint bench-limiter bench-jobs bench-fleet bench-slow bench-million bench-retention \
-	bench-export bench-adaptive bench-windows bench-keys chaos
+	bench-export bench-adaptive bench-windows bench-keys chaos scale
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ demo: venv
 # back, beat stopped, broker full) on private PostgreSQL and Redis; a few minutes. Run by .ci/run.
 chaos: venv
 	$(PY) -m faults.chaos
+
+# Several hosts on this machine (root: network namespaces rjs-*, removed at the end): services,
+# two worker hosts and a web host; a job per row, clocks 30 s apart, a Sentinel failover; about
+# five minutes. `$(PY) -m bench.scale --clean` removes what an interrupted run left.
+scale: venv
+	$(PY) -m bench.scale
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -1,10 +1,18 @@
 """Asking the workers for a dispatch run of an API: a debounced message by task name (celery's
 send_task), so that whoever asks (a new job, a finished call, the reconciler, the dispatch run
-itself) needs nothing of the tasks or of the worker's machinery."""
+itself) needs nothing of the tasks or of the worker's machinery.
+
+A run asked for later is sent later, timed on this process's monotonic clock, never as a
+Celery countdown: a countdown is an ETA on the sender's wall clock, and the worker that takes
+it holds it until its own wall clock gets there. With hosts 30 s apart (bench/scale), a 0.25 s
+debounce was held for up to 60 s, or ran at once before it was due, and a job waiting for its
+wake-up started 24 to 26 s late. A message not yet sent is lost with its process; the
+reconciler sends what is due."""
 
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import datetime
 
 import redis
@@ -39,11 +47,9 @@ def request_dispatch(api_id: int, *, countdown: float = DISPATCH_DEBOUNCE_SECOND
             px=max(1, int(min(countdown, DISPATCH_DEBOUNCE_SECONDS) * 1000)),
         )
         if first:
-            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=countdown)
+            _dispatch_later(api_id, countdown)
     except (redis.RedisError, OSError):
         logger.warning("Redis unreachable: dispatch of API %s left to the reconciler", api_id)
-    except Exception:  # the broker (also Redis by default) refused the message
-        logger.exception("could not request a dispatch of API %s", api_id)
 
 
 def schedule_wakeup(api_id: int, next_due: datetime | None) -> None:
@@ -55,6 +61,23 @@ def schedule_wakeup(api_id: int, next_due: datetime | None) -> None:
         if redis_client().set(
             redis_key("dispatch", f"{{{api_id}}}", "wakeup"), 1, nx=True, px=int(delay * 1000)
         ):
-            current_app.send_task(DISPATCH_TASK, args=[api_id], countdown=delay)
+            _dispatch_later(api_id, delay)
     except Exception:
         logger.warning("could not schedule a wake-up of API %s; the reconciler will", api_id)
+
+
+def _dispatch_later(api_id: int, delay: float) -> None:
+    """Send the API's dispatch task in `delay` seconds (at once for 0)."""
+    if delay <= 0:
+        _send_dispatch(api_id)
+        return
+    timer = threading.Timer(delay, _send_dispatch, args=(api_id,))
+    timer.daemon = True  # a process ending does not wait for it: the reconciler covers
+    timer.start()
+
+
+def _send_dispatch(api_id: int) -> None:
+    try:
+        current_app.send_task(DISPATCH_TASK, args=[api_id])
+    except Exception:  # the broker (also Redis by default) refused the message
+        logger.exception("could not request a dispatch of API %s", api_id)

@@ -257,7 +257,7 @@ def retry_delay(attempt: int, *, base: float, cap: float, retry_after: float | N
 def callback_deadline(job: Job) -> datetime:
     """The latest the delivery's next attempt may be due: RATEJOBS_CALLBACK_DEADLINE_SECONDS
     after the job finished."""
-    finished = job.finished or timezone.now()  # a finished job has one; else from now on
+    finished = job.finished or database_now()  # a finished job has one; else from now on
     return finished + timedelta(seconds=settings.RATEJOBS_CALLBACK_DEADLINE_SECONDS)
 
 

@@ -1,6 +1,7 @@
 """A reset given as a moment (an epoch X-RateLimit-Reset, an HTTP-date Retry-After) is read on
-the limiter's clock, never the worker's: real workers whose clocks are off by 30 s, under
-libfaketime, against a sandbox that sends such resets and no Date header to read them by."""
+the limiter's clock, never the worker's: real workers whose wall clocks are off by 30 s
+(devtools/wallclock.c preloaded), against a sandbox that sends such resets and no Date header
+to read them by."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 
 import pytest
 
+from devtools import wallclock
 from ratejobs.models import ThrottleEvent
 from ratejobs.services.apis import api_create
 from ratejobs.services.jobs import job_create
@@ -15,7 +17,10 @@ from tests.realparts import wait_for_job
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(shutil.which("faketime") is None, reason="needs libfaketime's faketime"),
+    pytest.mark.skipif(
+        shutil.which("cc") is None and shutil.which("gcc") is None,
+        reason="needs a C compiler to build devtools/wallclock.c",
+    ),
 ]
 
 # The sandbox enforces 2 requests a second with a burst of 2 and sends its resets in whole
@@ -25,10 +30,15 @@ LONGEST_BLOCK_ASKED_SECONDS = 3.0
 CALLS = 8
 
 
+@pytest.fixture(scope="session")
+def wallclock_library(tmp_path_factory):
+    return wallclock.build(tmp_path_factory.mktemp("wallclock"))
+
+
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("offset", ["+30s", "-30s"])
+@pytest.mark.parametrize("offset", [30.0, -30.0])
 def test_a_worker_whose_clock_is_off_sends_nothing_inside_a_quota_block(
-    user, sandbox, start_worker, unique_name, offset
+    user, sandbox, start_worker, unique_name, offset, wallclock_library
 ):
     # given an API that allows 2 requests a second, with no Date on its responses, that we
     # believe allows 20: it answers the third request of a second with a 429 and a Retry-After
@@ -37,11 +47,11 @@ def test_a_worker_whose_clock_is_off_sends_nothing_inside_a_quota_block(
     # arrival inside a block is one the worker sent knowing of it.
     server = sandbox(rate=2, burst=2, headers="none", retry_after_format="date", date=False)
     api = api_create(name=unique_name, base_url=server.url, rate=20, burst=5, max_concurrency=1)
-    # and a worker whose wall clock is 30 s fast or slow. libfaketime moves the monotonic clock
-    # by the same offset, which no process can tell from a true one (only its differences are
-    # used). Told to leave it alone (FAKETIME_DONT_FAKE_MONOTONIC), libfaketime 0.9.10 fails
-    # every time.sleep with EINVAL instead, and the worker could not wait for a slot at all.
-    worker = start_worker(concurrency=1, wrapper=("faketime", "-f", offset))
+    # and a worker whose wall clock is 30 s fast or slow, its monotonic clock right, as on a
+    # machine whose clock is wrong (libfaketime moves the monotonic clock too, and Python's
+    # timed waits, on it, then never end)
+    wallclock.check(wallclock_library, offset)
+    worker = start_worker(concurrency=1, **wallclock.environment(wallclock_library, offset))
     for headers in ("none", "github"):
         server.configure(headers=headers)
         server.reset()

@@ -16,7 +16,14 @@ from django.utils import timezone
 from ratejobs.infra.clock import database_now
 from ratejobs.models import Call, Job
 from ratejobs.services.calls import call_attempt_by_id
-from ratejobs.services.jobs import job_cancel, job_create, job_lock, job_pause, job_resume
+from ratejobs.services.jobs import (
+    job_cancel,
+    job_complete_if_done,
+    job_create,
+    job_lock,
+    job_pause,
+    job_resume,
+)
 from ratejobs.worker.dispatch import dispatch_api
 from ratejobs.worker.reconcile import reconcile
 
@@ -45,6 +52,27 @@ def test_a_call_is_due_by_the_database_clock_not_by_a_worker_clock_an_hour_ahead
     assert (dispatched, kind) == (0, "skipped")
     assert http_server.requests_with(marker) == []
     assert Call.objects.get(pk=call.pk).status == "pending"
+
+
+def test_a_job_finishes_on_the_database_clock_not_on_the_completing_workers(
+    make_api: Any, user: Any, monkeypatch: pytest.MonkeyPatch
+):
+    # given a job whose only call has ended, on the database's clock
+    api = make_api(base_url="http://127.0.0.1:9", credential="")
+    job = job_create(owner=user, api=api, name="finish", calls=[{"path": "/x"}])
+    ended = database_now()
+    Call.objects.filter(job=job).update(status=Call.Status.SUCCEEDED, finished=ended)
+    Job.objects.filter(pk=job.pk).update(succeeded=1, started=ended - timedelta(seconds=1))
+    # and a worker whose clock runs 30 s ahead
+    skewed = timezone.now() + timedelta(seconds=30)
+    monkeypatch.setattr(timezone, "now", lambda: skewed)
+    # when that worker completes the job
+    with transaction.atomic():
+        assert job_complete_if_done(job_id=job.pk)
+    # expect: it finished when its call did, not 30 s later
+    job.refresh_from_db()
+    assert job.status == Job.Status.COMPLETED
+    assert abs((job.finished - ended).total_seconds()) < 5
 
 
 def test_reconcile_pause_resume_and_cancel_racing_never_deadlock(make_api: Any, user: Any):

@@ -14,7 +14,6 @@ from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
 
-from project.celery import app
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.limiters import api_limiter
 from ratejobs.models import Call, Job, JobSecond
@@ -27,16 +26,6 @@ from ratejobs.worker.reconcile import reconcile
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BROKER_QUEUE = "celery"
-
-
-@pytest.fixture
-def broker(redis_url):
-    app.conf.broker_url = redis_url
-    app.control.purge()
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    app.control.purge()
-    client.close()
 
 
 @pytest.fixture

@@ -1,0 +1,166 @@
+"""What a row of the scale run measures once its job ended: the sandbox's arrivals (on the
+services host's clock, never a worker's), the calls' final states in the database, and the
+workers' logs."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from bench.scale.hosts import HostProcess
+from bench.scale.rows import LIMIT, PACE_FLOOR, START_SLACK_SECONDS, Row
+
+# A Celery task "received" and "succeeded" further apart than this waited for a countdown
+# beyond the debounce (0.25 s) and its run.
+HELD_SECONDS = 1.0
+# The job's end and its last call's are written in one transaction: further apart than this,
+# they were read on different clocks.
+FINISHED_APART_SECONDS = 1.0
+# What a pool process logs when the row's end stops its worker (SIGTERM to the whole group).
+STOPPED = "exited with 'signal 15 (SIGTERM)'"
+
+
+def count_arrivals(row: Row, stats: Mapping[str, Any], due: float) -> None:
+    """Arrivals, 429s, duplicates (a call's path answered more than once), the pace and the
+    start after `due` (an epoch on this host's clock), from the sandbox's log of the row."""
+    log = stats["log"]
+    if stats.get("log_dropped"):
+        row.problems.append(f"the sandbox's log dropped {stats['log_dropped']} arrivals")
+    row.arrivals, row.throttled = stats["arrivals"], stats["throttled"]
+    admitted = [entry for entry in log if entry["status"] != 429]
+    paths = Counter(entry["path"] for entry in admitted)
+    if any(not path.startswith("/items/") for path in paths):
+        row.problems.append("requests of no call of this row reached the sandbox")
+    row.duplicates = sum(n - 1 for n in paths.values())
+    times = sorted(entry["t"] for entry in admitted)
+    if len(times) > 1:
+        span = times[-1] - times[0]
+        row.pace = (len(times) - 1) / span / LIMIT if span else None
+        row.longest_gap = max(b - a for a, b in zip(times, times[1:], strict=False))
+        if os.environ.get("BENCH_SCALE_TRACE"):
+            per_second = Counter(int(t - times[0]) for t in times)
+            print(
+                f"[scale] {row.scenario.name}: admitted per second: "
+                + " ".join(str(per_second[i]) for i in range(int(span) + 1)),
+                file=sys.stderr,
+                flush=True,
+            )
+    if times:
+        row.late_start = times[0] - due
+        if row.late_start > START_SLACK_SECONDS:
+            row.problems.append(
+                f"the first call arrived {row.late_start:.1f} s after the job was due"
+            )
+    if row.throttled and row.scenario.fault is None:
+        row.problems.append(f"{row.throttled} requests answered 429")
+    elif row.throttled:
+        # Not guaranteed across a failover (docs/operations.md, "Redis Sentinel"): the new
+        # master may lack the last reservations, and a few requests go out early.
+        row.notes.append(
+            f"{row.throttled} requests answered 429 after the fault (not a failure: the new "
+            "master may lack the last reservations)"
+        )
+    if row.duplicates:
+        row.problems.append(f"{row.duplicates} calls reached the sandbox more than once")
+    if row.scenario.judges_pace and (row.pace is None or row.pace < PACE_FLOOR):
+        pace = "none" if row.pace is None else f"{row.pace:.3f}"
+        row.problems.append(f"pace {pace} of the limit, under {PACE_FLOOR}")
+
+
+def check_calls(row: Row, job_id: int) -> None:
+    """Every call in exactly one final state, counted once in the job, all succeeded; and the
+    job's end stamped on the database's clock, as its calls' are."""
+    from django.db.models import Count, Max
+
+    from ratejobs.models import Call, Job
+
+    job = Job.objects.get(pk=job_id)
+    by_status = dict(
+        Call.objects.filter(job_id=job_id).values_list("status").annotate(n=Count("pk"))
+    )
+    if job.status != Job.Status.COMPLETED:
+        row.problems.append(f"job {job.status}, not completed")
+    counted = {status: getattr(job, status) for status in Call.FINAL}
+    if any(counted[s] != by_status.get(s, 0) for s in Call.FINAL) or job.total != row.calls:
+        row.problems.append(f"the job counts {counted} of {job.total}, its calls are {by_status}")
+    succeeded = by_status.get(Call.Status.SUCCEEDED, 0)
+    if succeeded != row.calls:
+        row.problems.append(f"{row.calls - succeeded} calls did not succeed: {by_status}")
+    # The job completes in the transaction that records its last call (calls_record_outcomes).
+    last = Call.objects.filter(job_id=job_id).aggregate(last=Max("finished"))["last"]
+    if job.finished is not None and last is not None:
+        apart = (job.finished - last).total_seconds()
+        if abs(apart) > FINISHED_APART_SECONDS:
+            row.notes.append(
+                f"the job's `finished` is {apart:+.1f} s from its last call's: stamped on the "
+                "completing worker's clock, the calls' on the database's"
+            )
+
+
+def database_clients() -> list[str]:
+    """The addresses connected to the database now: the hosts really are apart."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT client_addr FROM pg_stat_activity "
+            "WHERE datname = current_database() AND client_addr IS NOT NULL"
+        )
+        addresses = [str(address) for (address,) in cursor.fetchall()]
+    return sorted(addresses, key=lambda a: tuple(int(part) for part in a.split(".")))
+
+
+def read_logs(row: Row, processes: Sequence[HostProcess]) -> None:
+    """Errors in the row's worker and beat logs, Celery's clock drift warning, and how long
+    dispatch tasks waited between arriving at a worker and running."""
+    ran: list[float] = []
+    never = 0
+    errors: list[str] = []
+    drift = ""
+    for process in processes:
+        text = process.text()
+        errors += [
+            line
+            for line in text.splitlines()
+            if (": ERROR/" in line or "CRITICAL/" in line) and STOPPED not in line
+        ]
+        held, waiting = task_holds(text, "ratejobs.dispatch")
+        ran += held
+        never += waiting
+        drift = drift or next((line for line in text.splitlines() if "drift" in line), "")
+    if ran:
+        late = [seconds for seconds in ran if seconds > HELD_SECONDS]
+        row.notes.append(
+            f"dispatch tasks: {len(ran) + never} received, {len(late)} ran over "
+            f"{HELD_SECONDS:g} s after arriving (longest {max(ran):.1f} s), {never} never ran "
+            "(held for their ETA until the worker stopped)"
+        )
+    if drift:
+        row.notes.append(f"celery: {drift.split('] ', 1)[-1][:160]}")
+    if errors:
+        row.notes.append(f"worker logs: {len(errors)} ERROR lines, first: {errors[0][:240]}")
+
+
+def task_holds(log: str, task: str) -> tuple[list[float], int]:
+    """Seconds from each `task` message's "received" to its "succeeded" line in one worker's
+    log (both stamped by its own clock, so an offset cancels out), and how many were received
+    and never run (held for their ETA when the worker stopped, and given back to the broker)."""
+    received: dict[str, datetime.datetime] = {}
+    held = []
+    for line in log.splitlines():
+        if f"Task {task}[" not in line or not line.startswith("["):
+            continue
+        stamp, _, rest = line[1:].partition(": ")
+        task_id = rest.partition(f"{task}[")[2].partition("]")[0]
+        with contextlib.suppress(ValueError):
+            moment = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+            if rest.endswith(" received"):
+                received[task_id] = moment
+            elif " succeeded in " in rest and task_id in received:
+                held.append((moment - received.pop(task_id)).total_seconds())
+    return held, len(received)

@@ -1,0 +1,140 @@
+"""The rows of the scale run (a topology and what happens to its job), each row's figures and
+verdict, and the table they make."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# What the sandbox enforces: 2,000 calls take 40 s at this rate, enough to see a pace, and the
+# rows fit the run's five minutes.
+LIMIT = 50.0
+# ratejobs' limit for the API is the sandbox's, with a burst of 2.
+API_BURST = 2
+# The sandbox's burst: as faults.chaos, a quarter second of calls for the jitter of a loaded
+# 2-core machine (requests sent at their slots and delivered late, beside the next ones). A
+# burst of 5 (3 beyond the API's) gave 2 429s in one of four runs at a load average of 4 to 5.
+SANDBOX_BURST = int(LIMIT * 0.25)
+# A row without a fault passes at or above this share of the limit (arrivals per second over
+# the job); a fault's row is judged by its recovery instead.
+PACE_FLOOR = 0.95
+# How far off each worker host's wall clock is, in the skewed rows.
+SKEW_SECONDS = 30.0
+SKEWED = (SKEW_SECONDS, -SKEW_SECONDS)
+# Enough calls for a pace, few enough that the row is about its start.
+NOT_BEFORE_CALLS = 250
+NOT_BEFORE_SECONDS = 3.0
+# A job starts within this of being due: a wake-up's countdown (at most 5 s) ends on time, then
+# a dispatch run and a message.
+START_SLACK_SECONDS = 2.0
+# The fault strikes once this share of the job is done (as in faults.chaos); the rows without
+# one measure their recovery time from there too, the measure's own baseline.
+FAULT_AT = 0.25
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    clocks: tuple[float, float]  # wall-clock offsets of worker hosts 1 and 2, seconds
+    what: str
+    redis: str = "plain"  # or "sentinel": 1 master, 1 replica, 3 sentinels
+    # The job's not_before, this long after its submission: its first calls then wait for a
+    # dispatch wake-up (a Celery countdown), the only thing that starts them on time.
+    start_in: float = 0.0
+    calls: int | None = None  # None: --calls
+    fault: str | None = None  # "failover": SENTINEL FAILOVER at FAULT_AT
+
+    @property
+    def judges_pace(self) -> bool:
+        """A fault's row is judged by its recovery, a not_before row by its start: over its
+        few seconds of calls, one second lost on a busy machine moves the pace by a fifth."""
+        return self.fault is None and not self.start_in
+
+    @property
+    def topology(self) -> str:
+        first, second = self.clocks
+        clocks = "±0 s" if not first and not second else f"{first:+g} s / {second:+g} s"
+        redis = "Redis" if self.redis == "plain" else "Redis Sentinel (1+1, 3 sentinels)"
+        return f"2 worker hosts, clocks {clocks}, {redis}"
+
+
+NOT_BEFORE = f"not_before {NOT_BEFORE_SECONDS:g} s after submission"
+SCENARIOS = {
+    scenario.name: scenario
+    for scenario in [
+        Scenario("baseline", (0.0, 0.0), "no fault"),
+        Scenario("baseline-skew", SKEWED, "no fault"),
+        Scenario(
+            "not-before",
+            (0.0, 0.0),
+            NOT_BEFORE,
+            start_in=NOT_BEFORE_SECONDS,
+            calls=NOT_BEFORE_CALLS,
+        ),
+        Scenario(
+            "not-before-skew",
+            SKEWED,
+            NOT_BEFORE,
+            start_in=NOT_BEFORE_SECONDS,
+            calls=NOT_BEFORE_CALLS,
+        ),
+        Scenario(
+            "sentinel-failover",
+            (0.0, 0.0),
+            f"SENTINEL FAILOVER once {FAULT_AT:.0%} of the calls are done",
+            redis="sentinel",
+            fault="failover",
+        ),
+    ]  # fmt: skip
+}
+
+
+@dataclass
+class Row:
+    scenario: Scenario
+    calls: int
+    arrivals: int | None = None
+    throttled: int = 0
+    duplicates: int | None = None
+    pace: float | None = None  # admitted arrivals per second over LIMIT
+    longest_gap: float | None = None  # between two admitted arrivals, seconds
+    late_start: float | None = None  # first arrival after not_before (or the submission)
+    recover: float | None = None
+    job_seconds: float | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def result(self) -> str:
+        return "pass" if not self.problems else "**FAIL**"
+
+
+COLUMNS = ("topology", "scenario", "calls", "arrivals", "429s", "duplicates",
+           f"pace (of {LIMIT:g}/s)", "longest gap", "late start", "recovery time", "job time",
+           "result")  # fmt: skip
+
+
+def render(rows: Sequence[Row], about: str) -> str:
+    """The table, then the problems and notes of each row, then `about` (as faults.chaos)."""
+
+    def cells(row: Row) -> list[str]:
+        return [row.scenario.topology, row.scenario.name, f"{row.calls:,}", _n(row.arrivals),
+                f"{row.throttled:,}", _n(row.duplicates), _f(row.pace, "{:.3f}"),
+                _f(row.longest_gap, "{:.2f} s"), _f(row.late_start, "{:.2f} s"),
+                _f(row.recover, "{:.1f} s"), _f(row.job_seconds, "{:.1f} s"),
+                row.result]  # fmt: skip
+
+    table = [COLUMNS, ("---", "---", *["--:"] * (len(COLUMNS) - 3), "---"), *map(cells, rows)]
+    lines = ["| " + " | ".join(line) + " |" for line in table]
+    lines += [""] + [
+        f"- {row.scenario.name}: {text}" for row in rows for text in row.problems + row.notes
+    ]
+    return "\n".join([*lines, "", about])
+
+
+def _n(value: int | None) -> str:
+    return "" if value is None else f"{value:,}"
+
+
+def _f(value: float | None, form: str) -> str:
+    return "" if value is None else form.format(value)

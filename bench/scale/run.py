@@ -1,0 +1,423 @@
+"""The scale run's two halves: outside, the topology (namespaces, bridge, veths) around the
+run; inside it, on the services host, the services, then for each row the web host and the
+worker hosts with the row's clocks and Redis, one job through the REST API, and the"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from bench.jobs import BENCH_REDIS_DB, BenchError
+from bench.scale import measure, net
+from bench.scale.hosts import HostError, HostPostgres, HostProcess, celery, start_redis, web
+from bench.scale.net import SERVICES, WEB, WORKER_1, WORKER_2, Host
+from bench.scale.rows import (
+    API_BURST,
+    FAULT_AT,
+    LIMIT,
+    SANDBOX_BURST,
+    SCENARIOS,
+    Row,
+    Scenario,
+    render,
+)
+from bench.scale.sentinel import SentinelError, SentinelRedis
+from devtools import wallclock as clock
+from faults.chaos import CHAOS_SETTINGS, ChaosError, recovery_seconds
+
+DEFAULT_CALLS = 2_000
+POLL_SECONDS = 0.25
+# A job's time at the limit, twice over, and this more for starting and a stalled dispatch.
+JOB_SLACK_SECONDS = 90.0
+# After the job, requests of a worker presumed dead (none expected) would still arrive.
+SETTLE_SECONDS = 1.0
+# After a failover, one call submitted through the web host must be done within this.
+PROBE_TIMEOUT = 60.0
+FAILED_LOGS = Path(__file__).resolve().parents[2] / "artifacts" / "scale"
+
+
+class ScaleError(RuntimeError):
+    pass
+
+
+@dataclass
+class Rig:
+    tmp: Path
+    env: dict[str, str]  # for the processes on the worker and web hosts
+    sandbox: Any  # sandbox.process.SandboxProcess
+    session: requests.Session  # with the token of the jobs' owner
+    wallclock: Path | None  # the preload library; None without a C compiler
+    cleanup: contextlib.ExitStack
+    sentinel: SentinelRedis | None = None  # started for the first row that needs it
+
+    def redis_env(self, kind: str) -> dict[str, str]:
+        if kind == "plain":
+            return {}
+        if self.sentinel is None:
+            self.sentinel = SentinelRedis(SERVICES.address, self.tmp / "sentinel")
+            self.cleanup.callback(self.sentinel.stop)
+        return self.sentinel.environment(BENCH_REDIS_DB)
+
+
+# -- outside: the topology ------------------------------------------------------------------------
+
+
+def outside(argv: Sequence[str]) -> int:
+    with net.topology():
+        _progress(
+            "hosts: "
+            + "; ".join(f"{h.name} {h.address} ({h.role})" for h in net.HOSTS)
+            + f"; bridge {net.BRIDGE} in {net.NET}"
+        )
+        child = subprocess.Popen(
+            [*SERVICES.exec_prefix(), sys.executable, "-m", "bench.scale", "--inside", *argv],
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        try:
+            return child.wait()
+        except BaseException:  # Ctrl-C reached the child too; SIGTERM did not
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(60)
+            raise
+
+
+# -- inside, on the services host -----------------------------------------------------------------
+
+
+def inside(args: argparse.Namespace) -> int:
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    began = time.monotonic()
+    rows: list[Row] = []
+    with contextlib.ExitStack() as cleanup:
+        tmp = Path(tempfile.mkdtemp(prefix="ratejobs-scale-"))
+        cleanup.callback(shutil.rmtree, tmp, ignore_errors=True)
+        cleanup.callback(_keep_logs_if_failed, rows, tmp)
+        rig, about = _start(tmp, cleanup)
+        for name in args.scenarios:
+            row = run_row(rig, SCENARIOS[name], args.calls)
+            rows.append(row)
+            _progress(f"{name}: {row.result}" + "".join(f"; {p}" for p in row.problems))
+    command = f"python -m bench.scale --calls {args.calls} --only {','.join(args.scenarios)}"
+    about = f"Command: `{command}`; {date_now()}; total {time.monotonic() - began:.0f} s. " + about
+    print(render(rows, about))
+    failed = sum(row.result != "pass" for row in rows)
+    print(f"scale: {len(rows) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def _start(tmp: Path, cleanup: contextlib.ExitStack) -> tuple[Rig, str]:
+    """PostgreSQL, Redis and the sandbox on this host; Django set up in this process."""
+    from faults.chaos import postgres_bindir
+
+    bindir = postgres_bindir()
+    if bindir is None:
+        raise ScaleError("no PostgreSQL binaries (initdb, pg_ctl): the hosts need a server")
+    pg_root = Path(tempfile.mkdtemp(prefix="ratejobs-scale-pg-"))
+    cleanup.callback(shutil.rmtree, pg_root, ignore_errors=True)
+    postgres = HostPostgres(bindir, pg_root, SERVICES.address, net.NETWORK)
+    postgres.start()
+    cleanup.callback(postgres.stop)
+    redis_server = start_redis(SERVICES.address, tmp / "redis.log")
+    cleanup.callback(redis_server.stop)
+    redis_port = redis_server.url.rsplit(":", 1)[1].split("/")[0]
+    os.environ.update(
+        DATABASE_URL=postgres.url,
+        REDIS_URL=f"redis://{SERVICES.address}:{redis_port}/0",
+        # the sandbox's address, which the outbound policy refuses by default (private)
+        RATEJOBS_OUTBOUND_ALLOW=f"{SERVICES.address}/32",
+        DJANGO_ALLOWED_HOSTS=WEB.address,
+    )
+    os.environ.pop("CELERY_BROKER_URL", None)
+    _progress(f"PostgreSQL at {postgres.url}, Redis at {os.environ['REDIS_URL']}")
+
+    from bench.jobs import bench_setup
+
+    setup = cleanup.enter_context(bench_setup())
+    from rest_framework.authtoken.models import Token
+
+    from sandbox.process import start_sandbox_process
+
+    sandbox = start_sandbox_process(
+        host=SERVICES.address, rate=LIMIT, burst=SANDBOX_BURST, headers="none"
+    )
+    cleanup.callback(sandbox.stop)
+    session = requests.Session()
+    session.trust_env = False  # straight to the web host, whatever proxy the environment names
+    session.headers["Authorization"] = f"Token {Token.objects.create(user=setup.owner).key}"
+    try:
+        library: Path | None = clock.build(tmp)
+    except clock.ClockError as exc:
+        _progress(f"{exc}: rows with skewed clocks fail")
+        library = None
+    _progress(f"sandbox at {sandbox.url} ({LIMIT:g}/s, burst {SANDBOX_BURST})")
+    rig = Rig(tmp, setup.env, sandbox, session, library, cleanup)
+    about = (
+        f"Sandbox enforcing {LIMIT:g}/s (burst {SANDBOX_BURST}) on {SERVICES.address}; the API "
+        f"at {LIMIT:g}/s (burst {API_BURST}); hosts as network namespaces on one bridge: "
+        f"services {SERVICES.address} (PostgreSQL, Redis, sandbox), workers "
+        f"{WORKER_1.address} (`celery -A project worker -c 2` and beat) and {WORKER_2.address} "
+        f"(`celery -A project worker -c 2`), web {WEB.address} (gunicorn, 2 workers), all "
+        "started again for each row; jobs submitted with `POST /api/jobs/`; skewed wall clocks "
+        "by devtools/wallclock.c (LD_PRELOAD; monotonic clocks untouched). " + setup.about
+    )
+    return rig, about
+
+
+def run_row(rig: Rig, scenario: Scenario, calls: int) -> Row:
+    from ratejobs.services.apis import api_create
+
+    calls = scenario.calls or calls
+    row = Row(scenario, calls)
+    _progress(f"{scenario.name}: {scenario.topology}; {scenario.what}")
+    with contextlib.ExitStack() as stop:
+        processes, web_url = _start_hosts(rig, scenario, stop, row)
+        if row.problems:
+            return row
+        api = api_create(
+            name=f"scale-{scenario.name}-{uuid.uuid4().hex[:6]}", base_url=rig.sandbox.url,
+            rate=LIMIT, burst=API_BURST,
+        )  # fmt: skip
+        rig.sandbox.reset()
+        fault = _failover(rig, row) if scenario.fault == "failover" else None
+        job_id, due, samples, struck = _run_job(rig, web_url, row, api.name, calls, fault)
+        row.notes.append(f"PostgreSQL's clients: {', '.join(measure.database_clients())}")
+        time.sleep(SETTLE_SECONDS)
+        stats = rig.sandbox.stats(detail=True)
+        if struck is not None and row.job_seconds is not None:
+            row.recover = recovery_seconds(samples, struck)
+        if scenario.fault is not None:
+            _probe(rig, web_url, row, api.name)
+        if scenario.fault == "failover" and rig.sentinel is not None:
+            _split_brain(rig.sentinel, row)
+    # the workers are stopped: their logs are whole
+    measure.count_arrivals(row, stats, due)
+    measure.check_calls(row, job_id)
+    measure.read_logs(row, processes)
+    return row
+
+
+def _start_hosts(
+    rig: Rig, scenario: Scenario, stop: contextlib.ExitStack, row: Row
+) -> tuple[list[HostProcess], str]:
+    """The web host, a worker on each worker host and beat on the first, with the row's Redis
+    and clocks: started side by side (each takes seconds to import Django)."""
+    # A fault's row takes faults.chaos' shorter heartbeat, reconcile and stale-dispatch times,
+    # so that what the reconciler must send again goes out within the run's minutes.
+    row_env = {**rig.redis_env(scenario.redis), **(CHAOS_SETTINGS if scenario.fault else {})}
+    plans: list[tuple[Host, str, float]] = [
+        (WORKER_1, "worker", scenario.clocks[0]),
+        (WORKER_1, "beat", scenario.clocks[0]),
+        (WORKER_2, "worker", scenario.clocks[1]),
+    ]
+    if any(offset for *_, offset in plans):
+        if rig.wallclock is None:
+            row.problems.append("no wall-clock library (no C compiler): clocks not skewed")
+            return [], ""
+        seen = {
+            host.name: clock.check(rig.wallclock, offset, host.exec_prefix())
+            for host, _, offset in plans
+        }
+        row.notes += [f"{name}'s wall clock seen {skew:+.1f} s off" for name, skew in seen.items()]
+    directory = rig.tmp / scenario.name
+    directory.mkdir()
+
+    def start(host: Host, what: str, offset: float) -> HostProcess:
+        env = {**rig.env, **row_env, **clock.environment(rig.wallclock or Path(), offset)}
+        return celery(host, what, env, directory)
+
+    with ThreadPoolExecutor() as pool:
+        futures = [pool.submit(start, *plan) for plan in plans]
+        site = pool.submit(web, WEB, {**rig.env, **row_env}, directory)
+    processes = []
+    for future in futures:
+        with contextlib.suppress(Exception):
+            processes.append(future.result())
+            stop.callback(processes[-1].stop)
+    with contextlib.suppress(Exception):
+        stop.callback(site.result()[0].stop)
+    for future in [*futures, site]:
+        future.result()  # the first error, once every process that started will be stopped
+    return processes, site.result()[1]
+
+
+def _run_job(
+    rig: Rig, web_url: str, row: Row, api: str, calls: int, fault: Callable[[], None] | None
+) -> tuple[int, float, list[tuple[float, int]], float | None]:
+    """Submits the job through the web host and polls it until it ends, running `fault` once
+    FAULT_AT of its calls are done; returns its id, when it was due (this host's epoch: its
+    not_before, or its submission), its progress samples (monotonic time, final calls) and
+    when FAULT_AT of its calls were done (monotonic), when the fault struck if there is one."""
+    body: dict[str, Any] = {
+        "api": api,
+        "name": f"scale {row.scenario.name}",
+        "calls": [{"method": "GET", "path": f"/items/{i}"} for i in range(calls)],
+    }
+    due = time.time() + row.scenario.start_in
+    if row.scenario.start_in:
+        body["not_before"] = datetime.datetime.fromtimestamp(due, datetime.UTC).isoformat()
+    created = time.monotonic()
+    response = rig.session.post(f"{web_url}/api/jobs/", json=body, timeout=60)
+    if response.status_code != 201:
+        raise ScaleError(f"job not created: {response.status_code} {response.text[:500]}")
+    job_id = response.json()["id"]
+    samples = [(created, 0)]
+    struck = None
+    timeout = row.scenario.start_in + calls / LIMIT * 2 + JOB_SLACK_SECONDS
+    if row.scenario.fault:
+        timeout += float(CHAOS_SETTINGS["RATEJOBS_STALE_DISPATCH_SECONDS"])
+    while True:
+        job = rig.session.get(f"{web_url}/api/jobs/{job_id}/", timeout=30).json()
+        now = time.monotonic()
+        samples.append((now, job["succeeded"] + job["failed"] + job["cancelled"]))
+        if job["status"] in ("completed", "cancelled"):
+            row.job_seconds = now - created
+            return job_id, due, samples, struck
+        if struck is None and samples[-1][1] >= calls * FAULT_AT:
+            struck = time.monotonic()
+            if fault is not None:
+                fault()
+        if now - created > timeout:
+            row.problems.append(
+                f"job not finished after {timeout:.0f} s ({samples[-1][1]:,}/{calls:,})"
+            )
+            return job_id, due, samples, struck
+        time.sleep(POLL_SECONDS)
+
+
+def _failover(rig: Rig, row: Row) -> Callable[[], None]:
+    def strike() -> None:
+        from ratejobs.models import Call
+
+        assert rig.sentinel is not None
+        running = Call.objects.filter(status=Call.Status.RUNNING).count()
+        before = rig.sentinel.master()
+        took = rig.sentinel.failover()
+        row.notes.append(
+            f"SENTINEL FAILOVER with {running} calls running: master {before[1]} -> "
+            f"{rig.sentinel.master()[1]} in {took:.1f} s"
+        )
+
+    return strike
+
+
+def _split_brain(sentinel: SentinelRedis, row: Row) -> None:
+    discarded = sentinel.discarded_bytes()
+    demoted = sentinel.demoted_after
+    row.notes.append(
+        "the old master became a replica "
+        + ("(not seen)" if demoted is None else f"{demoted:.1f} s after SENTINEL FAILOVER")
+        + ": until then it took the writes of every process still connected to it"
+        + ("" if discarded is None else f", {discarded:,} bytes of them dropped with its resync")
+    )
+
+
+def _probe(rig: Rig, web_url: str, row: Row, api: str) -> None:
+    """After the fault: /healthz, and one call submitted through the web host and run."""
+    health = rig.session.get(f"{web_url}/healthz", timeout=30)
+    checks = health.json().get("checks", {}) if health.ok else {}
+    row.notes.append(
+        f"/healthz after the fault: {health.status_code} "
+        + ", ".join(f"{name} {check.get('status')}" for name, check in checks.items())
+    )
+    body = {"api": api, "name": "probe", "calls": [{"method": "GET", "path": "/items/probe"}]}
+    response = rig.session.post(f"{web_url}/api/jobs/", json=body, timeout=60)
+    if response.status_code != 201:
+        row.problems.append(
+            f"a job submitted after the fault was refused: {response.status_code} "
+            f"{response.text[:200]}"
+        )
+        return
+    url = f"{web_url}/api/jobs/{response.json()['id']}/"
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    while rig.session.get(url, timeout=30).json()["status"] != "completed":
+        if time.monotonic() > deadline:
+            row.problems.append(f"a job submitted after the fault not done in {PROBE_TIMEOUT:g} s")
+            return
+        time.sleep(POLL_SECONDS)
+    row.notes.append("a job submitted after the fault completed")
+
+
+def _keep_logs_if_failed(rows: Sequence[Row], tmp: Path) -> None:
+    if rows and all(row.result == "pass" for row in rows):
+        return
+    shutil.rmtree(FAILED_LOGS, ignore_errors=True)
+    FAILED_LOGS.mkdir(parents=True)
+    for log in [*tmp.glob("*.log"), *tmp.glob("*/*.log"), *tmp.glob("*/*.console"),
+                *tmp.glob("*/*/*.log")]:  # fmt: skip
+        name = "-".join(log.relative_to(tmp).parts)
+        with contextlib.suppress(OSError):
+            shutil.copy(log, FAILED_LOGS / name)
+    _progress(f"logs kept in {FAILED_LOGS}")
+
+
+def date_now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _progress(message: str) -> None:
+    print(f"[scale] {message}", file=sys.stderr, flush=True)
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    from bench import scale
+
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.scale",
+        description=scale.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--calls", type=int, default=DEFAULT_CALLS, help="calls per job")
+    parser.add_argument(
+        "--only", default=",".join(SCENARIOS), help=f"rows to run, of: {', '.join(SCENARIOS)}"
+    )
+    parser.add_argument(
+        "--clean", action="store_true", help="remove the rjs-* namespaces of an interrupted run"
+    )
+    parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    # each row once, in the order given
+    args.scenarios = list(dict.fromkeys(n.strip() for n in args.only.split(",") if n.strip()))
+    unknown = [name for name in args.scenarios if name not in SCENARIOS]
+    if unknown or not args.scenarios:
+        parser.error(f"--only: unknown row(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    if args.calls < 100:
+        parser.error("--calls must be at least 100")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    try:
+        if args.clean:
+            removed = net.clean()
+            print(f"removed: {', '.join(removed) or 'nothing'}")
+            return 0
+        if args.inside:
+            return inside(args)
+        return outside(argv)
+    except (ScaleError, HostError, ChaosError, BenchError, SentinelError, net.TopologyError,
+            clock.ClockError) as exc:  # fmt: skip
+        _progress(f"stopped: {exc}")
+        return 2
