@@ -9,6 +9,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import redis
+from django.core.cache.backends.redis import RedisCache
 
 from devtools import devredis
 from ratejobs.infra import connections
@@ -85,3 +87,22 @@ def test_the_limiter_runs_on_a_cluster_from_the_settings(settings):
             client.close()
         finally:
             connections.redis_client.cache_clear()
+
+
+def test_the_cache_reaches_the_master_the_sentinels_name(sentinel, settings):
+    # given Sentinels naming the master, and a cache URL whose host is nobody's (as REDIS_URL
+    # is with Sentinels: only its database and password count)
+    address, master = sentinel
+    settings.REDIS_SENTINELS = [address]
+    settings.REDIS_SENTINEL_MASTER = "ratejobs-master"
+    options = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0}
+    cache = RedisCache(
+        "redis://127.0.0.1:1/2",
+        {"OPTIONS": {**options, "pool_class": "ratejobs.infra.connections.SentinelMasterPool"}},
+    )
+    # when the sign-in throttle counts in it
+    cache.set("attempts", 3, 30)
+    # expect: the count is on the master the Sentinel named, in the URL's database
+    assert cache.get("attempts") == 3
+    port = urlsplit(master.url).port
+    assert redis.Redis(host="127.0.0.1", port=port, db=2).get(":1:attempts") is not None

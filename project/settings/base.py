@@ -190,7 +190,17 @@ CACHES = {
         "KEY_PREFIX": f"ratejobs:{RATEJOBS_NAMESPACE}:cache",
         # A Redis that stops answering (rather than refusing) must not hang sign-ins and job
         # submissions: their throttles give up on the cache after this and go on uncounted.
-        "OPTIONS": {"socket_connect_timeout": 1.0, "socket_timeout": 2.0},
+        "OPTIONS": {
+            "socket_connect_timeout": 1.0,
+            "socket_timeout": 2.0,
+            # With Sentinels, the cache on REDIS_URL follows the master they name.
+            **(
+                {"pool_class": "ratejobs.infra.connections.SentinelMasterPool"}
+                if _ratejobs["REDIS_SENTINELS"]
+                and _ratejobs["RATEJOBS_CACHE_URL"] == _ratejobs["REDIS_URL"]
+                else {}
+            ),
+        },
     }
 }
 
