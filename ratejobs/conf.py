@@ -193,6 +193,13 @@ def check(resolved: Mapping[str, Any]) -> None:
         raise ImproperlyConfigured(str(error)) from error
     if resolved["RATEJOBS_LOGIN_LOCKOUT_SECONDS"] < 1:
         raise ImproperlyConfigured("RATEJOBS_LOGIN_LOCKOUT_SECONDS must be at least 1")
+    if resolved["REDIS_CLUSTER"] and resolved["RATEJOBS_CACHE_URL"] == resolved["REDIS_URL"]:
+        # Django's Redis cache speaks to one server: on a Cluster node every other slot's key
+        # is a MOVED error, and the sign-in and job-creation throttles counted nothing.
+        raise ImproperlyConfigured(
+            "REDIS_CLUSTER: Django's cache cannot use a Redis Cluster; set RATEJOBS_CACHE_URL "
+            "to a plain Redis (the broker's will do)"
+        )
 
 
 def install() -> None:

@@ -48,6 +48,8 @@ def test_derived_defaults_follow_what_the_project_set():
         ({"RATEJOBS_OUTBOUND_ALLOW": ["not a network/99"]}, "RATEJOBS_OUTBOUND_ALLOW"),
         ({"RATEJOBS_CALLBACK_ALLOW": [42]}, "RATEJOBS_CALLBACK_ALLOW"),
         ({"RATEJOBS_LOGIN_LOCKOUT_SECONDS": 0}, "RATEJOBS_LOGIN_LOCKOUT_SECONDS"),
+        # make scale's redis-cluster row: every throttle's count was a MOVED error
+        ({"REDIS_CLUSTER": True, "REDIS_URL": "redis://node1:7000/0"}, "RATEJOBS_CACHE_URL"),
     ],
 )
 def test_a_setting_that_cannot_work_stops_the_process_naming_it(given, message):
@@ -100,3 +102,15 @@ def test_a_project_missing_an_app_ratejobs_runs_on_is_told_which(settings):
     with override_settings(INSTALLED_APPS=apps):
         problems = [p for p in run_checks() if p.id == "ratejobs.E001"]
     assert [p.msg for p in problems] == ["ratejobs needs drf_spectacular_sidecar in INSTALLED_APPS"]
+
+
+def test_a_cluster_with_its_own_cache_is_accepted():
+    resolved = conf.resolve(
+        {
+            "DATABASES": SQLITE,
+            "REDIS_CLUSTER": True,
+            "REDIS_URL": "redis://node1:7000/0",
+            "RATEJOBS_CACHE_URL": "redis://cache:6379/1",
+        }
+    )
+    assert resolved["RATEJOBS_CACHE_URL"] == "redis://cache:6379/1"

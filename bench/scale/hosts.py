@@ -55,13 +55,16 @@ class HostPostgres(PrivatePostgres):
                   "-t", "60", "start")  # fmt: skip
 
 
-def start_redis(address: str, log: Path, *, port: int | None = None) -> devredis.RedisServer:
-    """A private redis-server on loopback (where devredis checks it answers) and `address`."""
+def start_redis(
+    address: str, log: Path, *, port: int | None = None, extra: Sequence[str] = ()
+) -> devredis.RedisServer:
+    """A private redis-server on loopback (where devredis checks it answers) and `address`,
+    with `extra` arguments."""
     return devredis.start_private_redis(
         port=port,
         logfile=log,
         # a second --bind replaces devredis' loopback-only one
-        extra_args=["--bind", "127.0.0.1", address, "--protected-mode", "no"],
+        extra_args=["--bind", "127.0.0.1", address, "--protected-mode", "no", *extra],
     )
 
 

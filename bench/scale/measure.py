@@ -10,13 +10,14 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from bench.scale.hosts import HostProcess
 from bench.scale.rows import LIMIT, PACE_FLOOR, START_SLACK_SECONDS, Row
 
-# A Celery task "received" and "succeeded" further apart than this waited for a countdown
-# beyond the debounce (0.25 s) and its run.
+# A Celery task "received" and "succeeded" further apart than this was held (an ETA) beyond
+# the debounce (0.25 s) and its run.
 HELD_SECONDS = 1.0
 # The job's end and its last call's are written in one transaction: further apart than this,
 # they were read on different clocks.
@@ -31,12 +32,17 @@ def count_arrivals(row: Row, stats: Mapping[str, Any], due: float) -> None:
     log = stats["log"]
     if stats.get("log_dropped"):
         row.problems.append(f"the sandbox's log dropped {stats['log_dropped']} arrivals")
-    row.arrivals, row.throttled = stats["arrivals"], stats["throttled"]
+    # A request whose Idempotency-Key the sandbox had answered gets that answer again (a
+    # replay), or a 409 while the first is being answered (a conflict): it reached the sandbox,
+    # which did not act on it, and is not in its log.
+    replays = stats.get("idempotent_replays", 0) + stats.get("idempotent_conflicts", 0)
+    row.arrivals, row.throttled = stats["arrivals"] + replays, stats["throttled"]
     admitted = [entry for entry in log if entry["status"] != 429]
     paths = Counter(entry["path"] for entry in admitted)
     if any(not path.startswith("/items/") for path in paths):
         row.problems.append("requests of no call of this row reached the sandbox")
-    row.duplicates = sum(n - 1 for n in paths.values())
+    row.effective = sum(n - 1 for n in paths.values())
+    row.duplicates = row.effective + replays
     times = sorted(entry["t"] for entry in admitted)
     if len(times) > 1:
         span = times[-1] - times[0]
@@ -59,14 +65,19 @@ def count_arrivals(row: Row, stats: Mapping[str, Any], due: float) -> None:
     if row.throttled and row.scenario.fault is None:
         row.problems.append(f"{row.throttled} requests answered 429")
     elif row.throttled:
-        # Not guaranteed across a failover (docs/operations.md, "Redis Sentinel"): the new
-        # master may lack the last reservations, and a few requests go out early.
+        # Not guaranteed across a fault: after a failover the new master may lack the last
+        # reservations (docs/operations.md, "Redis Sentinel"); a request held in a cut-off
+        # host's socket arrives when the link is back, long after its slot.
+        row.notes.append(f"{row.throttled} requests answered 429 after the fault (not failed)")
+    if row.effective:
+        row.problems.append(f"{row.effective} calls acted on by the sandbox more than once")
+    if row.duplicates and row.scenario.fault is None:
+        row.problems.append(f"{row.duplicates} requests repeated a call without a fault")
+    elif row.duplicates:
         row.notes.append(
-            f"{row.throttled} requests answered 429 after the fault (not a failure: the new "
-            "master may lack the last reservations)"
+            f"{row.duplicates} requests repeated a call, each answered again by its "
+            "Idempotency-Key (a call taken over from a worker presumed dead)"
         )
-    if row.duplicates:
-        row.problems.append(f"{row.duplicates} calls reached the sandbox more than once")
     if row.scenario.judges_pace and (row.pace is None or row.pace < PACE_FLOOR):
         pace = "none" if row.pace is None else f"{row.pace:.3f}"
         row.problems.append(f"pace {pace} of the limit, under {PACE_FLOOR}")
@@ -103,16 +114,35 @@ def check_calls(row: Row, job_id: int) -> None:
 
 
 def database_clients() -> list[str]:
-    """The addresses connected to the database now: the hosts really are apart."""
+    """The addresses connected to the database now, each with its number of connections: the
+    hosts really are apart, and what each holds (behind PgBouncer, only its own address)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT DISTINCT client_addr FROM pg_stat_activity "
-            "WHERE datname = current_database() AND client_addr IS NOT NULL"
+            "SELECT client_addr, count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND client_addr IS NOT NULL GROUP BY 1"
         )
-        addresses = [str(address) for (address,) in cursor.fetchall()]
-    return sorted(addresses, key=lambda a: tuple(int(part) for part in a.split(".")))
+        counts = {str(address): n for address, n in cursor.fetchall()}
+    ordered = sorted(counts, key=lambda a: tuple(int(part) for part in a.split(".")))
+    return [f"{address} ({counts[address]})" for address in ordered]
+
+
+def database_connections() -> int:
+    """Connections to the row's database now, the run's own included."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def cache_failures(row: Row, console: Path) -> None:
+    """The web processes' warnings that a throttle's cache failed (it then counts nothing)."""
+    text = console.read_text(errors="replace") if console.exists() else ""
+    failed = [line for line in text.splitlines() if "the cache failed" in line]
+    if failed:
+        row.problems.append(f"the web's cache failed {len(failed)} times, first: {failed[0][:200]}")
 
 
 def read_logs(row: Row, processes: Sequence[HostProcess]) -> None:

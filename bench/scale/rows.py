@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from bench.scale.cutoff import CUT_SECONDS
+
 # What the sandbox enforces: 2,000 calls take 40 s at this rate, enough to see a pace, and the
-# rows fit the run's five minutes.
+# rows fit in under ten minutes.
 LIMIT = 50.0
 # ratejobs' limit for the API is the sandbox's, with a burst of 2.
 API_BURST = 2
@@ -24,8 +26,8 @@ SKEWED = (SKEW_SECONDS, -SKEW_SECONDS)
 # Enough calls for a pace, few enough that the row is about its start.
 NOT_BEFORE_CALLS = 250
 NOT_BEFORE_SECONDS = 3.0
-# A job starts within this of being due: a wake-up's countdown (at most 5 s) ends on time, then
-# a dispatch run and a message.
+# A job starts within this of being due: a dispatch wake-up (timed on the asking process's
+# monotonic clock) fires on time, then a dispatch run and a message.
 START_SLACK_SECONDS = 2.0
 # The fault strikes once this share of the job is done (as in faults.chaos); the rows without
 # one measure their recovery time from there too, the measure's own baseline.
@@ -37,12 +39,17 @@ class Scenario:
     name: str
     clocks: tuple[float, float]  # wall-clock offsets of worker hosts 1 and 2, seconds
     what: str
-    redis: str = "plain"  # or "sentinel": 1 master, 1 replica, 3 sentinels
+    # or "sentinel": 1 master, 1 replica, 3 sentinels; or "cluster": the limiters on a Redis
+    # Cluster of 3 masters, the broker on the plain Redis
+    redis: str = "plain"
     # The job's not_before, this long after its submission: its first calls then wait for a
-    # dispatch wake-up (a Celery countdown), the only thing that starts them on time.
+    # dispatch wake-up, the only thing that starts them on time.
     start_in: float = 0.0
     calls: int | None = None  # None: --calls
-    fault: str | None = None  # "failover": SENTINEL FAILOVER at FAULT_AT
+    # at FAULT_AT: "failover" (SENTINEL FAILOVER), "cut-off" (worker host 2 off the network
+    # for CUT_SECONDS), "pgbouncer-restart" (PgBouncer stopped and started again)
+    fault: str | None = None
+    database: str = "direct"  # or "pgbouncer": every process through PgBouncer, transaction mode
 
     @property
     def judges_pace(self) -> bool:
@@ -54,8 +61,13 @@ class Scenario:
     def topology(self) -> str:
         first, second = self.clocks
         clocks = "±0 s" if not first and not second else f"{first:+g} s / {second:+g} s"
-        redis = "Redis" if self.redis == "plain" else "Redis Sentinel (1+1, 3 sentinels)"
-        return f"2 worker hosts, clocks {clocks}, {redis}"
+        redis = {
+            "plain": "Redis",
+            "sentinel": "Redis Sentinel (1+1, 3 sentinels)",
+            "cluster": "Redis Cluster (3 masters; broker on a plain Redis)",
+        }[self.redis]
+        pooler = ", PgBouncer (transaction)" if self.database == "pgbouncer" else ""
+        return f"2 worker hosts, clocks {clocks}, {redis}{pooler}"
 
 
 NOT_BEFORE = f"not_before {NOT_BEFORE_SECONDS:g} s after submission"
@@ -85,6 +97,22 @@ SCENARIOS = {
             redis="sentinel",
             fault="failover",
         ),
+        Scenario(
+            "worker-cut-off",
+            (0.0, 0.0),
+            f"worker host 2 off the network for {CUT_SECONDS:g} s once {FAULT_AT:.0%} of the "
+            "calls are done",
+            fault="cut-off",
+        ),
+        Scenario("redis-cluster", (0.0, 0.0), "no fault", redis="cluster"),
+        Scenario("pgbouncer", (0.0, 0.0), "no fault", database="pgbouncer"),
+        Scenario(
+            "pgbouncer-restart",
+            (0.0, 0.0),
+            f"PgBouncer restarted once {FAULT_AT:.0%} of the calls are done",
+            database="pgbouncer",
+            fault="pgbouncer-restart",
+        ),
     ]  # fmt: skip
 }
 
@@ -95,7 +123,8 @@ class Row:
     calls: int
     arrivals: int | None = None
     throttled: int = 0
-    duplicates: int | None = None
+    duplicates: int | None = None  # arrivals beyond one per call, replays included
+    effective: int | None = None  # duplicates the sandbox acted on (not replayed by their key)
     pace: float | None = None  # admitted arrivals per second over LIMIT
     longest_gap: float | None = None  # between two admitted arrivals, seconds
     late_start: float | None = None  # first arrival after not_before (or the submission)
@@ -109,7 +138,7 @@ class Row:
         return "pass" if not self.problems else "**FAIL**"
 
 
-COLUMNS = ("topology", "scenario", "calls", "arrivals", "429s", "duplicates",
+COLUMNS = ("topology", "scenario", "calls", "arrivals", "429s", "duplicates", "effective",
            f"pace (of {LIMIT:g}/s)", "longest gap", "late start", "recovery time", "job time",
            "result")  # fmt: skip
 
@@ -119,7 +148,7 @@ def render(rows: Sequence[Row], about: str) -> str:
 
     def cells(row: Row) -> list[str]:
         return [row.scenario.topology, row.scenario.name, f"{row.calls:,}", _n(row.arrivals),
-                f"{row.throttled:,}", _n(row.duplicates), _f(row.pace, "{:.3f}"),
+                f"{row.throttled:,}", _n(row.duplicates), _n(row.effective), _f(row.pace, "{:.3f}"),
                 _f(row.longest_gap, "{:.2f} s"), _f(row.late_start, "{:.2f} s"),
                 _f(row.recover, "{:.1f} s"), _f(row.job_seconds, "{:.1f} s"),
                 row.result]  # fmt: skip

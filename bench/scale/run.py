@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import datetime
+import io
 import os
 import shutil
 import signal
@@ -25,8 +27,11 @@ import requests
 
 from bench.jobs import BENCH_REDIS_DB, BenchError
 from bench.scale import measure, net
+from bench.scale.cluster import ClusterError, RedisClusterGroup
+from bench.scale.cutoff import CUT_SECONDS, REJOIN_TIMEOUT, CutOff
 from bench.scale.hosts import HostError, HostPostgres, HostProcess, celery, start_redis, web
 from bench.scale.net import SERVICES, WEB, WORKER_1, WORKER_2, Host
+from bench.scale.pgbouncer import PgBouncer, PgBouncerError
 from bench.scale.rows import (
     API_BURST,
     FAULT_AT,
@@ -39,16 +44,20 @@ from bench.scale.rows import (
 )
 from bench.scale.sentinel import SentinelError, SentinelRedis
 from devtools import wallclock as clock
-from faults.chaos import CHAOS_SETTINGS, ChaosError, recovery_seconds
+from faults.chaos import CHAOS_SETTINGS, IDEMPOTENCY_HEADER, ChaosError, recovery_seconds
 
 DEFAULT_CALLS = 2_000
 POLL_SECONDS = 0.25
+# Connections are counted every this many polls (once a second).
+PEAK_EVERY = 4
 # A job's time at the limit, twice over, and this more for starting and a stalled dispatch.
 JOB_SLACK_SECONDS = 90.0
 # After the job, requests of a worker presumed dead (none expected) would still arrive.
 SETTLE_SECONDS = 1.0
 # After a failover, one call submitted through the web host must be done within this.
 PROBE_TIMEOUT = 60.0
+# Set (to anything): the logs are kept in FAILED_LOGS whatever the result.
+KEEP_LOGS = "BENCH_SCALE_KEEP_LOGS"
 FAILED_LOGS = Path(__file__).resolve().parents[2] / "artifacts" / "scale"
 
 
@@ -64,15 +73,43 @@ class Rig:
     session: requests.Session  # with the token of the jobs' owner
     wallclock: Path | None  # the preload library; None without a C compiler
     cleanup: contextlib.ExitStack
+    postgres: HostPostgres
     sentinel: SentinelRedis | None = None  # started for the first row that needs it
+    cluster: RedisClusterGroup | None = None  # likewise
+    pgbouncer: PgBouncer | None = None  # likewise
 
     def redis_env(self, kind: str) -> dict[str, str]:
         if kind == "plain":
             return {}
+        if kind == "cluster":
+            if self.cluster is None:
+                self.cluster = RedisClusterGroup(SERVICES.address, self.tmp / "cluster")
+                self.cleanup.callback(self.cluster.stop)
+            # The broker on the run's plain Redis (bench.jobs' database), and the web's cache
+            # too: Django's RedisCache does not speak Cluster (left to default, it names a
+            # node of the cluster, and every throttle counting in it fails; docs/scaling.md).
+            plain = self.env["REDIS_URL"]
+            return {
+                **self.cluster.environment(),
+                "CELERY_BROKER_URL": plain,
+                "RATEJOBS_CACHE_URL": plain,
+            }
         if self.sentinel is None:
             self.sentinel = SentinelRedis(SERVICES.address, self.tmp / "sentinel")
             self.cleanup.callback(self.sentinel.stop)
         return self.sentinel.environment(BENCH_REDIS_DB)
+
+    def database_env(self, kind: str) -> dict[str, str]:
+        if kind == "direct":
+            return {}
+        if self.pgbouncer is None:
+            root = Path(tempfile.mkdtemp(prefix="ratejobs-scale-pgbouncer-"))
+            self.cleanup.callback(shutil.rmtree, root, ignore_errors=True)
+            self.pgbouncer = PgBouncer(SERVICES.address, SERVICES.address, self.postgres.port, root)
+            self.cleanup.callback(self.pgbouncer.stop)
+        url = self.pgbouncer.url(self.env["DATABASE_URL"])
+        _progress(f"{self.pgbouncer.version()}: {url}")
+        return {"DATABASE_URL": url}
 
 
 # -- outside: the topology ------------------------------------------------------------------------
@@ -168,7 +205,7 @@ def _start(tmp: Path, cleanup: contextlib.ExitStack) -> tuple[Rig, str]:
         _progress(f"{exc}: rows with skewed clocks fail")
         library = None
     _progress(f"sandbox at {sandbox.url} ({LIMIT:g}/s, burst {SANDBOX_BURST})")
-    rig = Rig(tmp, setup.env, sandbox, session, library, cleanup)
+    rig = Rig(tmp, setup.env, sandbox, session, library, cleanup, postgres)
     about = (
         f"Sandbox enforcing {LIMIT:g}/s (burst {SANDBOX_BURST}) on {SERVICES.address}; the API "
         f"at {LIMIT:g}/s (burst {API_BURST}); hosts as network namespaces on one bridge: "
@@ -193,21 +230,40 @@ def run_row(rig: Rig, scenario: Scenario, calls: int) -> Row:
             return row
         api = api_create(
             name=f"scale-{scenario.name}-{uuid.uuid4().hex[:6]}", base_url=rig.sandbox.url,
-            rate=LIMIT, burst=API_BURST,
+            rate=LIMIT, burst=API_BURST, idempotency_header=IDEMPOTENCY_HEADER,
         )  # fmt: skip
         rig.sandbox.reset()
-        fault = _failover(rig, row) if scenario.fault == "failover" else None
+        cut: CutOff | None = None
+        fault: Callable[[], None] | None = None
+        if scenario.fault == "failover":
+            fault = _failover(rig, row)
+        elif scenario.fault == "cut-off":
+            worker = next(p for p in processes if p.host == WORKER_2 and "worker" in p.name)
+            cut = CutOff(WORKER_2, worker.process.pid)
+            fault = cut.strike
+        elif scenario.fault == "pgbouncer-restart":
+            fault = _restart_pgbouncer(rig, row)
         job_id, due, samples, struck = _run_job(rig, web_url, row, api.name, calls, fault)
-        row.notes.append(f"PostgreSQL's clients: {', '.join(measure.database_clients())}")
+        clients = ", ".join(measure.database_clients())
+        row.notes.append(f"connections to PostgreSQL by address at the job's end: {clients}")
+        if cut is not None:
+            cut.join(CUT_SECONDS + REJOIN_TIMEOUT)
+            _rejoined(cut, row)
         time.sleep(SETTLE_SECONDS)
         stats = rig.sandbox.stats(detail=True)
         if struck is not None and row.job_seconds is not None:
             row.recover = recovery_seconds(samples, struck)
         if scenario.fault is not None:
             _probe(rig, web_url, row, api.name)
+        if scenario.database == "pgbouncer":
+            _export(rig, web_url, row, job_id)
+        if scenario.redis == "cluster" and rig.cluster is not None:
+            keys = rig.cluster.keys_by_node()
+            row.notes.append(f"keys on the cluster's masters: {', '.join(map(str, keys))}")
         if scenario.fault == "failover" and rig.sentinel is not None:
             _split_brain(rig.sentinel, row)
     # the workers are stopped: their logs are whole
+    measure.cache_failures(row, rig.tmp / scenario.name / "web.console")
     measure.count_arrivals(row, stats, due)
     measure.check_calls(row, job_id)
     measure.read_logs(row, processes)
@@ -221,7 +277,11 @@ def _start_hosts(
     and clocks: started side by side (each takes seconds to import Django)."""
     # A fault's row takes faults.chaos' shorter heartbeat, reconcile and stale-dispatch times,
     # so that what the reconciler must send again goes out within the run's minutes.
-    row_env = {**rig.redis_env(scenario.redis), **(CHAOS_SETTINGS if scenario.fault else {})}
+    row_env = {
+        **rig.redis_env(scenario.redis),
+        **rig.database_env(scenario.database),
+        **(CHAOS_SETTINGS if scenario.fault else {}),
+    }
     plans: list[tuple[Host, str, float]] = [
         (WORKER_1, "worker", scenario.clocks[0]),
         (WORKER_1, "beat", scenario.clocks[0]),
@@ -280,15 +340,19 @@ def _run_job(
     job_id = response.json()["id"]
     samples = [(created, 0)]
     struck = None
+    peak = Peaks()
     timeout = row.scenario.start_in + calls / LIMIT * 2 + JOB_SLACK_SECONDS
     if row.scenario.fault:
-        timeout += float(CHAOS_SETTINGS["RATEJOBS_STALE_DISPATCH_SECONDS"])
+        timeout += float(CHAOS_SETTINGS["RATEJOBS_STALE_DISPATCH_SECONDS"]) + CUT_SECONDS
     while True:
         job = rig.session.get(f"{web_url}/api/jobs/{job_id}/", timeout=30).json()
         now = time.monotonic()
         samples.append((now, job["succeeded"] + job["failed"] + job["cancelled"]))
+        if len(samples) % PEAK_EVERY == 0:
+            peak.sample(rig.pgbouncer if row.scenario.database == "pgbouncer" else None)
         if job["status"] in ("completed", "cancelled"):
             row.job_seconds = now - created
+            row.notes.append(peak.say())
             return job_id, due, samples, struck
         if struck is None and samples[-1][1] >= calls * FAULT_AT:
             struck = time.monotonic()
@@ -298,8 +362,28 @@ def _run_job(
             row.problems.append(
                 f"job not finished after {timeout:.0f} s ({samples[-1][1]:,}/{calls:,})"
             )
+            row.notes.append(peak.say())
             return job_id, due, samples, struck
         time.sleep(POLL_SECONDS)
+
+
+@dataclass
+class Peaks:
+    """The most connections seen during a job, sampled while it is polled: to PostgreSQL
+    (pg_stat_activity, the run's own included) and, behind PgBouncer, to it."""
+
+    database: int = 0
+    pooler: int | None = None
+
+    def sample(self, pgbouncer: PgBouncer | None) -> None:
+        with contextlib.suppress(Exception):  # a sample missed is a sample missed
+            self.database = max(self.database, measure.database_connections())
+            if pgbouncer is not None:
+                self.pooler = max(self.pooler or 0, pgbouncer.clients())
+
+    def say(self) -> str:
+        pooler = "" if self.pooler is None else f", to PgBouncer at most {self.pooler}"
+        return f"connections during the job: to PostgreSQL at most {self.database}{pooler}"
 
 
 def _failover(rig: Rig, row: Row) -> Callable[[], None]:
@@ -314,6 +398,36 @@ def _failover(rig: Rig, row: Row) -> Callable[[], None]:
             f"SENTINEL FAILOVER with {running} calls running: master {before[1]} -> "
             f"{rig.sentinel.master()[1]} in {took:.1f} s"
         )
+
+    return strike
+
+
+def _rejoined(cut: CutOff, row: Row) -> None:
+    row.problems += cut.errors
+    row.notes.append(
+        f"{cut.host.name} cut off for {CUT_SECONDS:g} s holding {cut.running} running calls; "
+        f"{cut.left_when_back} calls not final when its link came back"
+    )
+    if cut.rejoined is None:
+        row.problems.append(
+            f"no heartbeat of {cut.host.name}'s processes {REJOIN_TIMEOUT:g} s after its link "
+            "came back"
+        )
+    else:
+        row.notes.append(
+            f"{cut.host.name}'s heartbeat refreshed {cut.rejoined:.1f} s after its link came back"
+        )
+    if cut.took_call is not None:
+        row.notes.append(f"it claimed a call again {cut.took_call:.1f} s after")
+    else:
+        row.notes.append("it claimed no call again before the job ended")
+
+
+def _restart_pgbouncer(rig: Rig, row: Row) -> Callable[[], None]:
+    def strike() -> None:
+        assert rig.pgbouncer is not None
+        took = rig.pgbouncer.restart()
+        row.notes.append(f"PgBouncer stopped (SIGTERM) and listening again in {took:.1f} s")
 
     return strike
 
@@ -355,8 +469,35 @@ def _probe(rig: Rig, web_url: str, row: Row, api: str) -> None:
     row.notes.append("a job submitted after the fault completed")
 
 
+def _export(rig: Rig, web_url: str, row: Row, job_id: int) -> None:
+    """The job's results as CSV through the web host, read as they come: every call once, and
+    streamed (chunked, no Content-Length), not built whole first."""
+    began = time.monotonic()
+    with rig.session.get(
+        f"{web_url}/api/jobs/{job_id}/results.csv", stream=True, timeout=60
+    ) as response:
+        if response.status_code != 200:
+            row.problems.append(f"results.csv answered {response.status_code}")
+            return
+        pieces = response.iter_content(chunk_size=None)
+        first = next(pieces, b"")
+        first_byte = time.monotonic() - began
+        body = first + b"".join(pieces)
+    records = len(list(csv.reader(io.StringIO(body.decode())))) - 1  # less the header
+    streamed = "Content-Length" not in response.headers
+    row.notes.append(
+        f"results.csv through the web host: {records:,} rows, {len(body):,} bytes, first bytes "
+        f"after {first_byte:.2f} s, all after {time.monotonic() - began:.2f} s, "
+        + ("streamed (chunked)" if streamed else "with a Content-Length (not streamed)")
+    )
+    if records != row.calls:
+        row.problems.append(f"results.csv: {records:,} rows for {row.calls:,} calls")
+    if not streamed:
+        row.problems.append("results.csv came with a Content-Length: not streamed")
+
+
 def _keep_logs_if_failed(rows: Sequence[Row], tmp: Path) -> None:
-    if rows and all(row.result == "pass" for row in rows):
+    if rows and all(row.result == "pass" for row in rows) and not os.environ.get(KEEP_LOGS):
         return
     shutil.rmtree(FAILED_LOGS, ignore_errors=True)
     FAILED_LOGS.mkdir(parents=True)
@@ -418,6 +559,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return inside(args)
         return outside(argv)
     except (ScaleError, HostError, ChaosError, BenchError, SentinelError, net.TopologyError,
-            clock.ClockError) as exc:  # fmt: skip
+            clock.ClockError, PgBouncerError, ClusterError) as exc:  # fmt: skip
         _progress(f"stopped: {exc}")
         return 2

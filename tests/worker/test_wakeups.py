@@ -60,3 +60,14 @@ def test_a_dispatch_asked_for_now_is_sent_at_once(broker, unique_name):
     request_dispatch(api.pk, countdown=0)
     (message,) = dispatch_messages(broker, api.pk)
     assert message.get("eta") is None
+
+
+def test_a_dispatch_run_that_meets_a_database_error_is_retried():
+    # a PgBouncer restart (make scale) failed dispatch runs, and a failed run schedules no
+    # wake-up: retried as a call message is, since a second run is harmless
+    from django.db import InterfaceError, OperationalError
+
+    from ratejobs.tasks import dispatch, execute_calls
+
+    assert set(dispatch.autoretry_for) == {OperationalError, InterfaceError}
+    assert dispatch.max_retries == execute_calls.max_retries
