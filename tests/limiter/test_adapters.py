@@ -185,12 +185,13 @@ def test_every_request_takes_a_slot_of_the_shared_bucket(make_limiter, clients, 
 
 
 def test_a_429_blocks_every_client_until_its_retry_after(make_limiter, clients, make_sandbox):
-    # given a server whose real limit (2 per 2 s) is far under what the bucket allows (4/s):
-    # only its 429 and Retry-After can stop the clients. (The bucket's slots lie 250 ms apart,
-    # time enough for a 429 to be fed back before the next slot: a request already granted
-    # when the 429 came would be on its way, and no client can call it back.)
+    # given a server whose real limit (2 per 2 s) is far under what the bucket allows (2/s):
+    # only its 429 and Retry-After can stop the clients. (The bucket's slots lie 500 ms apart,
+    # time enough for a 429 to be fed back before the next slot, even on a busy machine: a
+    # request already granted when the 429 came would be on its way, and no client can call
+    # it back. At 250 ms apart, one request in one CI run of many left inside the block.)
     api = make_sandbox(rate=1, period=2, burst=2, headers="none")
-    limiter = make_limiter(LimiterConfig(rate=4.0, burst=1))
+    limiter = make_limiter(LimiterConfig(rate=2.0, burst=1))
     first, second = clients(api.url, retries=3), clients(api.url, retries=3)
     # when both send until each has its answers
     results: list[int] = []
