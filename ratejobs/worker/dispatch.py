@@ -84,12 +84,13 @@ def dispatch_window(api: Api, *, buckets: int = 1, per_second: float | None = No
     )
 
 
-def _credential_buckets_running(api_id: int) -> int:
+def _credential_buckets_running(api_id: int, *, has_credentials: bool) -> int:
     """How many limiter buckets the API's running calls use (its own, and one per credential
     key), at least 1: calls spread over K keys go K times the API's rate, and a window of one
     rate's work would leave the broker empty between dispatch runs. Counted over the running
-    calls (few, and indexed), only for an API that has credentials."""
-    if not ApiCredential.objects.filter(api_id=api_id).exists():
+    calls (few, and indexed), only for an API that `has_credentials`: dispatch_api has asked
+    that already, before taking the API's lock, and a run asks the database once."""
+    if not has_credentials:
         return 1
     running = (
         Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING)
@@ -162,9 +163,12 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
     api = Api.objects.filter(pk=api_id).first()
     if api is None:
         return DispatchResult(0, None)
+    # Asked once a run, here: the window's buckets below go by the same answer as the pace,
+    # and a credential added meanwhile counts from the next run.
+    has_credentials = ApiCredential.objects.filter(api_id=api_id).exists()
     # Read before the API's row is locked (Redis may be slow to answer). Each credential key
     # has a bucket of its own, with its own cut rate and blocks: the API's says nothing of them.
-    pace = None if ApiCredential.objects.filter(api_id=api_id).exists() else limiter_pace(api)
+    pace = None if has_credentials else limiter_pace(api)
     if pace is not None and pace.blocked_for > settings.RATEJOBS_MAX_WORKER_WAIT:
         # Every call sent now would find its slot after the block and come straight back.
         return DispatchResult(0, now + timedelta(seconds=pace.blocked_for))
@@ -178,7 +182,7 @@ def dispatch_api(*, api_id: int, dispatcher: str = "") -> DispatchResult:
         in_window = Call.objects.filter(
             job__api_id=api_id, status=Call.Status.PENDING, dispatched_at__isnull=False
         ).count()
-        buckets = _credential_buckets_running(api_id)
+        buckets = _credential_buckets_running(api_id, has_credentials=has_credentials)
         free = dispatch_window(api, buckets=buckets, per_second=per_second) - in_window
         running = Call.objects.filter(job__api_id=api_id, status=Call.Status.RUNNING).count()
         if api.max_concurrency:

@@ -141,15 +141,15 @@ def test_a_429_for_one_customers_key_blocks_only_that_keys_bucket(
 def test_the_dispatch_window_grows_with_the_keys_its_running_calls_use(make_api, user):
     # given calls running over the job's key and two calls' own keys
     api = make_api(rate=100)
-    assert _credential_buckets_running(api.pk) == 1  # no credentials: no query of calls
+    assert _credential_buckets_running(api.pk, has_credentials=False) == 1  # no query of calls
     credentials_add(api=api, items=[("a", "x"), ("b", "y"), ("c", "z")])
     calls = [{"path": "/1"}, {"path": "/2", "credential_key": "b"}, {"path": "/3"},
              {"path": "/4", "credential_key": "c"}]  # fmt: skip
     job = job_create(owner=user, api=api, name="j", calls=calls, credential_key="a")
-    assert _credential_buckets_running(api.pk) == 1  # nothing running yet
+    assert _credential_buckets_running(api.pk, has_credentials=True) == 1  # nothing running yet
     Call.objects.filter(job=job).update(status=Call.Status.RUNNING)
     # expect: three buckets (a, b, c), so three times the API's window
-    assert _credential_buckets_running(api.pk) == 3
+    assert _credential_buckets_running(api.pk, has_credentials=True) == 3
     assert dispatch_window(api, buckets=3) == 3 * dispatch_window(api)
 
 

@@ -12,13 +12,15 @@ import pytest
 import redis
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from ratejobs.infra.clock import database_now
 from ratejobs.infra.limiters import api_limiter
-from ratejobs.models import Call, Job, JobSecond
+from ratejobs.models import ApiCredential, Call, Job, JobSecond
 from ratejobs.namespace import broker_key
 from ratejobs.services.apis import api_create
+from ratejobs.services.credentials import credentials_add
 from ratejobs.services.jobs import job_cancel, job_create, job_pause, job_resume
 from ratejobs.worker.dispatch import capped_window, dispatch_api, dispatch_window
 from ratejobs.worker.reconcile import reconcile
@@ -340,3 +342,24 @@ def test_when_the_limiter_is_booked_ahead_only_what_starts_within_a_wait_is_disp
     result = dispatch_api(api_id=api.pk)
     assert result.dispatched == 0 and result.next_due is not None
     assert Call.objects.filter(job=job, dispatched_at__isnull=False).count() == sent
+
+
+@pytest.mark.parametrize("credentials", [0, 1], ids=["no credentials", "a credential"])
+def test_a_dispatch_run_asks_once_whether_the_api_has_credentials(
+    broker, owner, unique_name, credentials: int
+):
+    # given an API with or without a credential, and a job waiting
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=8)
+    if credentials:
+        credentials_add(api=api, items=[("acme", "secret")])
+    job = job_create(owner=owner, api=api, name="asks once", calls=calls(40))
+    # when the dispatcher runs
+    with CaptureQueriesContext(connection) as queries:
+        result = dispatch_api(api_id=api.pk)
+    # expect: one look at the credential table, whose answer both the pace (read before the
+    # API's lock) and the window's buckets (counted under it) go by; and a window dispatched
+    table = f'"{ApiCredential._meta.db_table}"'
+    asked = [query["sql"] for query in queries.captured_queries if table in query["sql"]]
+    assert len(asked) == 1, asked
+    assert result.dispatched == dispatch_window(api) == 16
+    assert Call.objects.filter(job=job, dispatched_at__isnull=False).count() == 16
