@@ -10,10 +10,13 @@ from datetime import timedelta
 
 import pytest
 import redis
+from redis.crc import key_slot
 
 from ratejobs.celery_settings import CONTROL_QUEUE, DISPATCH_TASK
 from ratejobs.infra.clock import database_now
-from ratejobs.infra.wakeups import request_dispatch, schedule_wakeup
+from ratejobs.infra.connections import redis_client
+from ratejobs.infra.limiters import api_limiter
+from ratejobs.infra.wakeups import dispatch_key, request_dispatch, schedule_wakeup
 from ratejobs.namespace import broker_key
 from ratejobs.services.apis import api_create
 
@@ -71,3 +74,22 @@ def test_a_dispatch_run_that_meets_a_database_error_is_retried():
 
     assert set(dispatch.autoretry_for) == {OperationalError, InterfaceError}
     assert dispatch.max_retries == execute_calls.max_retries
+
+
+def test_an_apis_dispatch_keys_share_the_node_of_its_limiter(broker, unique_name):
+    # given an API and its limiter's keys
+    api = api_create(name=unique_name, base_url="http://127.0.0.1:9/", rate=10)
+    limiter = api_limiter(api)
+    # when a dispatch run and a wake-up are asked for
+    request_dispatch(api.pk, countdown=0.5)
+    schedule_wakeup(api.pk, database_now() + timedelta(seconds=0.5))
+    # expect: their debounce keys are in Redis, in the hash slot of the limiter's keys (on a
+    # Redis Cluster, one node), and that slot is the API's own, not another API's
+    client = redis_client()
+    keys = [dispatch_key(api.pk, "pending"), dispatch_key(api.pk, "wakeup")]
+    assert all(client.exists(key) for key in keys)
+    assert {key_slot(key.encode()) for key in keys} == {key_slot(limiter.state_key.encode())}
+    other = api_create(name=f"{unique_name}-other", base_url="http://127.0.0.1:9/", rate=10)
+    assert key_slot(dispatch_key(other.pk, "pending").encode()) == key_slot(
+        api_limiter(other).state_key.encode()
+    )
