@@ -1,5 +1,5 @@
 """What a Celery app running ratejobs' tasks needs from its configuration: the queue the control
-tasks go to, their routes, beat's schedule and the broker's key prefix.
+tasks go to, their routes, the worker's consumer, beat's schedule and the broker's key prefix.
 
 A host project adds these to its own Celery settings (docs/install.md); `project/settings`
 does the same. Importable from a settings module: nothing here touches Django's settings.
@@ -29,6 +29,12 @@ RATEJOBS_TASK_ROUTES = {
     name: {"queue": CONTROL_QUEUE}
     for name in (DISPATCH_TASK, RECONCILE_TASK, RETENTION_TASK, PURGE_TASK)
 }
+
+# The worker's consumer (Celery's `worker_consumer`): Celery's own, except that closing a broker
+# connection that was lost while acks_late tasks ran cannot end the worker (Celery 5.7 closes it
+# after detaching its transport, and kombu's Redis transport then raises AttributeError;
+# ratejobs/worker/consumer.py).
+RATEJOBS_WORKER_CONSUMER = "ratejobs.worker.consumer:Consumer"
 
 
 def ratejobs_beat_schedule(

@@ -14,6 +14,7 @@ from ratejobs import conf
 from ratejobs.celery_settings import (
     RATEJOBS_TASK_QUEUES,
     RATEJOBS_TASK_ROUTES,
+    RATEJOBS_WORKER_CONSUMER,
     broker_key_prefix,
     ratejobs_beat_schedule,
 )
@@ -140,6 +141,9 @@ CELERY_TASK_TIME_LIMIT = CELERY_TASK_SOFT_TIME_LIMIT + 60
 CELERY_TASK_DEFAULT_QUEUE = "celery"
 CELERY_TASK_QUEUES = [Queue("celery"), *RATEJOBS_TASK_QUEUES]
 CELERY_TASK_ROUTES = {**RATEJOBS_TASK_ROUTES}
+# Celery's consumer, except that losing the broker while tasks run cannot end the worker
+# (ratejobs/celery_settings.py).
+CELERY_WORKER_CONSUMER = RATEJOBS_WORKER_CONSUMER
 # Celery's Django fixup closes the database connection around every task unless this is set;
 # project/celery.py closes unusable and old connections around each task instead, as Django
 # does per request (CONN_MAX_AGE, CONN_HEALTH_CHECKS).
