@@ -7,7 +7,7 @@ STAMP := $(VENV)/requirements.stamp
 PYTEST_ARGS ?=
 
 .PHONY: venv test test-fast demo lint bench-limiter bench-jobs bench-fleet bench-slow bench-million bench-retention \
-	bench-export bench-adaptive bench-windows bench-keys chaos scale
+	bench-export bench-adaptive bench-windows bench-keys chaos scale scale-short
 
 venv:
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,10 +54,15 @@ chaos: venv
 	$(PY) -m faults.chaos
 
 # Several hosts on this machine (root: network namespaces rjs-*, removed at the end): services,
-# two worker hosts and a web host; a job per row, clocks 30 s apart, a Sentinel failover; about
-# five minutes. `$(PY) -m bench.scale --clean` removes what an interrupted run left.
+# two worker hosts and a web host; a job per row: clocks 30 s apart, a Sentinel failover, a
+# worker host cut off, a Redis Cluster node and PgBouncer restarted; under ten minutes.
+# `$(PY) -m bench.scale --clean` removes what an interrupted run left (docs/scaling.md).
 scale: venv
 	$(PY) -m bench.scale
+
+# One topology, its baseline and one fault, in about two minutes: run by .ci/run.
+scale-short: venv
+	$(PY) -m bench.scale --only baseline,worker-cut-off --calls 1000
 
 lint: venv
 	$(VENV)/bin/ruff check .

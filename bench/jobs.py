@@ -348,15 +348,17 @@ def run_bare(ctx: Context) -> Row:
     )
 
 
+# The Redis commands the limiter runs (its scripts or functions, and its capacity waits) and
+# nothing else of ratejobs does.
+LIMITER_COMMANDS = ("fcall", "evalsha", "eval", "evalsha_ro", "blpop")
+
+
 def limiter_round_trips(client: redis.Redis) -> int:
     """Lua scripts and functions run and capacity waits (BLPOP) on the Redis server so far: the
     limiter's round trips, since neither Celery's broker nor the dispatcher runs scripts or BLPOP
     (the broker waits with BRPOP). The server's own count, so run nothing else against it."""
     stats = client.info("commandstats")
-    return sum(
-        stats.get(f"cmdstat_{name}", {}).get("calls", 0)
-        for name in ("fcall", "evalsha", "eval", "evalsha_ro", "blpop")
-    )
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in LIMITER_COMMANDS)
 
 
 def _wait(ctx: Context, label: str, progress: Callable[[], tuple[int, bool]]) -> None:

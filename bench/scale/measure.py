@@ -13,8 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.jobs import LIMITER_COMMANDS
 from bench.scale.hosts import HostProcess
-from bench.scale.rows import LIMIT, PACE_FLOOR, START_SLACK_SECONDS, Row
+from bench.scale.rows import API_BURST, LIMIT, PACE_FLOOR, SANDBOX_BURST, START_SLACK_SECONDS, Row
+from sandbox.process import worst_window
 
 # A Celery task "received" and "succeeded" further apart than this was held (an ETA) beyond
 # the debounce (0.25 s) and its run.
@@ -22,6 +24,10 @@ HELD_SECONDS = 1.0
 # The job's end and its last call's are written in one transaction: further apart than this,
 # they were read on different clocks.
 FINISHED_APART_SECONDS = 1.0
+# After a fault, its arrivals are looked at over this long.
+AFTER_FAULT_SECONDS = 15.0
+# Redis commands a row's note names, the most frequent first.
+TOP_COMMANDS = 8
 # What a pool process logs when the row's end stops its worker (SIGTERM to the whole group).
 STOPPED = "exited with 'signal 15 (SIGTERM)'"
 
@@ -194,3 +200,64 @@ def task_holds(log: str, task: str) -> tuple[list[float], int]:
             elif " succeeded in " in rest and task_id in received:
                 held.append((moment - received.pop(task_id)).total_seconds())
     return held, len(received)
+
+
+def after_fault(row: Row, stats: Mapping[str, Any], struck_at: float, apis: int = 1) -> None:
+    """Requests over the pace just after a fault (`struck_at`, an epoch on this host's clock,
+    as the sandbox's log): the most admitted in any one second of the AFTER_FAULT_SECONDS after
+    it, against the limit and the bursts (`apis` APIs sharing the limit, a burst each). Not
+    failed on: after a failover the new master may
+    lack the last reservations, and requests held in a cut-off host's sockets arrive late."""
+    times = sorted(
+        entry["t"]
+        for entry in stats["log"]
+        if entry["status"] != 429 and struck_at <= entry["t"] < struck_at + AFTER_FAULT_SECONDS
+    )
+    row.notes.append(
+        f"in the {AFTER_FAULT_SECONDS:g} s after the fault: {len(times):,} admitted arrivals, "
+        f"at most {worst_window(times, 1.0)} in any 1 s (the limit {LIMIT:g}/s with "
+        + ("the API's burst" if apis == 1 else f"{apis} APIs' bursts")
+        + f" of {API_BURST}: {LIMIT + apis * API_BURST:g}; the sandbox refuses beyond "
+        f"{LIMIT + SANDBOX_BURST:g})"
+    )
+
+
+def redis_snapshot(clients: Sequence[Any]) -> dict[str, int]:
+    """The Redis servers' command counts so far (by command, summed over `clients`; commands
+    run inside scripts and functions count too) and their network bytes in and out."""
+    counts: Counter[str] = Counter()
+    for client in clients:
+        stats = client.info("stats")
+        counts.update(
+            {
+                name.removeprefix("cmdstat_"): int(entry["calls"])
+                for name, entry in client.info("commandstats").items()
+            }
+        )
+        counts.update(
+            {" in": int(stats["total_net_input_bytes"]),
+             " out": int(stats["total_net_output_bytes"])}
+        )  # fmt: skip
+    return dict(counts)
+
+
+def redis_per_call(
+    row: Row, where: str, before: Mapping[str, int], after: Mapping[str, int]
+) -> None:
+    """Redis operations per call over the job (the servers' own counts, between `before` and
+    `after`), the limiter's function calls among them, and the bytes. A function's own
+    commands (TIME, HGET, HINCRBY, ...) are counted as commands too: they are work on the
+    server, not round trips."""
+    spent = {name: after[name] - before.get(name, 0) for name in after}
+    net_in, net_out = spent.pop(" in"), spent.pop(" out")
+    spent = {name: n for name, n in spent.items() if n > 0}
+    total = sum(spent.values())
+    limiter = sum(spent.get(name, 0) for name in LIMITER_COMMANDS)
+    top = sorted(spent.items(), key=lambda item: -item[1])[:TOP_COMMANDS]
+    per = row.calls
+    row.notes.append(
+        f"Redis commands per call{' ' + where if where else ''}: {total / per:.1f}, the "
+        f"limiter's function calls and waits {limiter / per:.2f} of them (by command: "
+        + ", ".join(f"{name.upper()} {n / per:.2f}" for name, n in top)
+        + f"); bytes per call {net_in / per:,.0f} in, {net_out / per:,.0f} out"
+    )

@@ -29,6 +29,14 @@ NOT_BEFORE_SECONDS = 3.0
 # A job starts within this of being due: a dispatch wake-up (timed on the asking process's
 # monotonic clock) fires on time, then a dispatch run and a message.
 START_SLACK_SECONDS = 2.0
+# With min_replicas, a master refuses writes once its replica has not acknowledged for this
+# many seconds (Redis's default is 10).
+MIN_REPLICAS_MAX_LAG = 2
+# The cluster-node-restart row: two APIs at half the limit each, as many calls each as take the
+# other rows' 40 s, and one node of the Cluster down for longer than its node timeout (5 s),
+# so the other nodes mark it failed.
+NODE_RESTART_CALLS = 1_000
+NODE_DOWN_SECONDS = 10.0
 # The fault strikes once this share of the job is done (as in faults.chaos); the rows without
 # one measure their recovery time from there too, the measure's own baseline.
 FAULT_AT = 0.25
@@ -46,10 +54,17 @@ class Scenario:
     # dispatch wake-up, the only thing that starts them on time.
     start_in: float = 0.0
     calls: int | None = None  # None: --calls
-    # at FAULT_AT: "failover" (SENTINEL FAILOVER), "cut-off" (worker host 2 off the network
-    # for CUT_SECONDS), "pgbouncer-restart" (PgBouncer stopped and started again)
+    # at FAULT_AT: "failover" (SENTINEL FAILOVER, then the old master killed), "switchover"
+    # (SENTINEL FAILOVER, the old master left running), "cut-off" (worker host 2 off the
+    # network for CUT_SECONDS), "node-restart" (the Cluster node of the job's API killed and
+    # started again NODE_DOWN_SECONDS later, while a second API's job runs on another node),
+    # "pgbouncer-restart" (PgBouncer stopped and started again)
     fault: str | None = None
     database: str = "direct"  # or "pgbouncer": every process through PgBouncer, transaction mode
+    # Run by `make scale` (and without --only); the others only when named.
+    default: bool = True
+    # Sentinel rows: the masters' min-replicas-to-write (0: Redis's default, off).
+    min_replicas: int = 0
 
     @property
     def judges_pace(self) -> bool:
@@ -93,9 +108,29 @@ SCENARIOS = {
         Scenario(
             "sentinel-failover",
             (0.0, 0.0),
-            f"SENTINEL FAILOVER once {FAULT_AT:.0%} of the calls are done",
+            f"SENTINEL FAILOVER once {FAULT_AT:.0%} of the calls are done, then kill -9 of the "
+            "old master",
             redis="sentinel",
             fault="failover",
+        ),
+        Scenario(
+            "sentinel-switchover",
+            (0.0, 0.0),
+            f"SENTINEL FAILOVER once {FAULT_AT:.0%} of the calls are done, the old master "
+            "left running",
+            redis="sentinel",
+            fault="switchover",
+            default=False,
+        ),
+        Scenario(
+            "sentinel-switchover-min-replicas",
+            (0.0, 0.0),
+            f"as sentinel-switchover, with min-replicas-to-write 1 and min-replicas-max-lag "
+            f"{MIN_REPLICAS_MAX_LAG} on the masters",
+            redis="sentinel",
+            fault="switchover",
+            default=False,
+            min_replicas=1,
         ),
         Scenario(
             "worker-cut-off",
@@ -105,6 +140,16 @@ SCENARIOS = {
             fault="cut-off",
         ),
         Scenario("redis-cluster", (0.0, 0.0), "no fault", redis="cluster"),
+        Scenario(
+            "cluster-node-restart",
+            (0.0, 0.0),
+            f"the job's API at {LIMIT / 2:g}/s and a second API at {LIMIT / 2:g}/s on another "
+            f"node, each {NODE_RESTART_CALLS:,} calls; the first API's node killed once "
+            f"{FAULT_AT:.0%} of its calls are done, started again {NODE_DOWN_SECONDS:g} s later",
+            redis="cluster",
+            calls=NODE_RESTART_CALLS,
+            fault="node-restart",
+        ),
         Scenario("pgbouncer", (0.0, 0.0), "no fault", database="pgbouncer"),
         Scenario(
             "pgbouncer-restart",

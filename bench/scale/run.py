@@ -27,7 +27,7 @@ import requests
 
 from bench.jobs import BENCH_REDIS_DB, BenchError
 from bench.scale import measure, net
-from bench.scale.cluster import ClusterError, RedisClusterGroup
+from bench.scale.cluster import ClusterError, NodeRestart, RedisClusterGroup
 from bench.scale.cutoff import CUT_SECONDS, REJOIN_TIMEOUT, CutOff
 from bench.scale.hosts import HostError, HostPostgres, HostProcess, celery, start_redis, web
 from bench.scale.net import SERVICES, WEB, WORKER_1, WORKER_2, Host
@@ -36,6 +36,8 @@ from bench.scale.rows import (
     API_BURST,
     FAULT_AT,
     LIMIT,
+    MIN_REPLICAS_MAX_LAG,
+    NODE_DOWN_SECONDS,
     SANDBOX_BURST,
     SCENARIOS,
     Row,
@@ -56,6 +58,14 @@ JOB_SLACK_SECONDS = 90.0
 SETTLE_SECONDS = 1.0
 # After a failover, one call submitted through the web host must be done within this.
 PROBE_TIMEOUT = 60.0
+# In cluster-node-restart, requests granted before the node died may still arrive this long
+# after (a worker waits up to RATEJOBS_MAX_WORKER_WAIT, 1 s, for its slot), and the other API
+# keeps at least this share of its rate while the node is down.
+GRANTED_BEFORE_SECONDS = 1.5
+OTHER_PACE_FLOOR = 0.9
+# The second API's calls' paths: /items/other-{i}.
+OTHER_PREFIX = "other-"
+OTHER_PATHS = f"/items/{OTHER_PREFIX}"
 # Set (to anything): the logs are kept in FAILED_LOGS whatever the result.
 KEEP_LOGS = "BENCH_SCALE_KEEP_LOGS"
 FAILED_LOGS = Path(__file__).resolve().parents[2] / "artifacts" / "scale"
@@ -95,9 +105,16 @@ class Rig:
                 "RATEJOBS_CACHE_URL": plain,
             }
         if self.sentinel is None:
-            self.sentinel = SentinelRedis(SERVICES.address, self.tmp / "sentinel")
+            groups = len(list(self.tmp.glob("sentinel*")))  # one a Sentinel fault row
+            self.sentinel = SentinelRedis(SERVICES.address, self.tmp / f"sentinel{groups or ''}")
             self.cleanup.callback(self.sentinel.stop)
         return self.sentinel.environment(BENCH_REDIS_DB)
+
+    def sentinel_settings(self, scenario: Scenario) -> None:
+        """The row's min-replicas-to-write on the group's servers (0, Redis's default, unless
+        the row says otherwise)."""
+        if self.sentinel is not None and scenario.redis == "sentinel":
+            self.sentinel.require_replicas(scenario.min_replicas, MIN_REPLICAS_MAX_LAG)
 
     def database_env(self, kind: str) -> dict[str, str]:
         if kind == "direct":
@@ -219,55 +236,133 @@ def _start(tmp: Path, cleanup: contextlib.ExitStack) -> tuple[Rig, str]:
 
 
 def run_row(rig: Rig, scenario: Scenario, calls: int) -> Row:
-    from ratejobs.services.apis import api_create
-
     calls = scenario.calls or calls
     row = Row(scenario, calls)
     _progress(f"{scenario.name}: {scenario.topology}; {scenario.what}")
+    other: int | None = None  # cluster-node-restart's second API's job
     with contextlib.ExitStack() as stop:
         processes, web_url = _start_hosts(rig, scenario, stop, row)
         if row.problems:
             return row
-        api = api_create(
-            name=f"scale-{scenario.name}-{uuid.uuid4().hex[:6]}", base_url=rig.sandbox.url,
-            rate=LIMIT, burst=API_BURST, idempotency_header=IDEMPOTENCY_HEADER,
-        )  # fmt: skip
+        rig.sentinel_settings(scenario)
+        if scenario.fault == "node-restart":
+            api, other_api = _apis_on_two_nodes(rig, scenario)
+        else:
+            api, other_api = _api(rig, scenario, LIMIT), None
         rig.sandbox.reset()
         cut: CutOff | None = None
+        restart: list[NodeRestart] = []
         fault: Callable[[], None] | None = None
-        if scenario.fault == "failover":
-            fault = _failover(rig, row)
+        if scenario.fault in ("failover", "switchover"):
+            fault = _failover(rig, row, kill_old=scenario.fault == "failover")
         elif scenario.fault == "cut-off":
             worker = next(p for p in processes if p.host == WORKER_2 and "worker" in p.name)
             cut = CutOff(WORKER_2, worker.process.pid)
             fault = cut.strike
+        elif scenario.fault == "node-restart":
+            assert rig.cluster is not None
+            cluster, port = rig.cluster, rig.cluster.node_of(api.name)
+            row.notes.append(
+                f"{api.name}'s limiter on node {port}, {other_api.name}'s on node "
+                f"{cluster.node_of(other_api.name)}"
+            )
+            fault = lambda: restart.append(cluster.restart(port, NODE_DOWN_SECONDS))  # noqa: E731
         elif scenario.fault == "pgbouncer-restart":
             fault = _restart_pgbouncer(rig, row)
-        job_id, due, samples, struck = _run_job(rig, web_url, row, api.name, calls, fault)
+        counters = _redis_counters(rig, scenario)
+        before = {what: measure.redis_snapshot(clients) for what, clients in counters.items()}
+        if other_api is not None:
+            other = _submit(rig, web_url, row, other_api.name, calls, OTHER_PREFIX)
+        run = _run_job(rig, web_url, row, api.name, calls, fault)
+        for what, clients in counters.items():
+            measure.redis_per_call(row, what, before[what], measure.redis_snapshot(clients))
+            for client in clients:
+                client.close()
+        if other is not None:
+            _wait_other(rig, web_url, row, other)
         clients = ", ".join(measure.database_clients())
         row.notes.append(f"connections to PostgreSQL by address at the job's end: {clients}")
         if cut is not None:
             cut.join(CUT_SECONDS + REJOIN_TIMEOUT)
             _rejoined(cut, row)
+        for node in restart:
+            node.join(NODE_DOWN_SECONDS + 60)
+            row.problems += node.errors
         time.sleep(SETTLE_SECONDS)
         stats = rig.sandbox.stats(detail=True)
-        if struck is not None and row.job_seconds is not None:
-            row.recover = recovery_seconds(samples, struck)
+        if run.struck is not None and row.job_seconds is not None:
+            row.recover = recovery_seconds(run.samples, run.struck)
+        if run.struck_at is not None and scenario.fault is not None:
+            measure.after_fault(row, stats, run.struck_at, apis=2 if other else 1)
+        for node in restart:
+            _node_down(row, stats, node)
         if scenario.fault is not None:
             _probe(rig, web_url, row, api.name)
         if scenario.database == "pgbouncer":
-            _export(rig, web_url, row, job_id)
+            _export(rig, web_url, row, run.job_id)
         if scenario.redis == "cluster" and rig.cluster is not None:
             keys = rig.cluster.keys_by_node()
             row.notes.append(f"keys on the cluster's masters: {', '.join(map(str, keys))}")
-        if scenario.fault == "failover" and rig.sentinel is not None:
+        if scenario.fault == "switchover" and rig.sentinel is not None:
             _split_brain(rig.sentinel, row)
+    if scenario.fault in ("failover", "switchover") and rig.sentinel is not None:
+        # a later Sentinel row starts a group of its own: this one's old master is dead, or
+        # its logs hold this row's resynchronisation
+        rig.sentinel.stop()
+        rig.sentinel = None
     # the workers are stopped: their logs are whole
     measure.cache_failures(row, rig.tmp / scenario.name / "web.console")
-    measure.count_arrivals(row, stats, due)
-    measure.check_calls(row, job_id)
+    measure.count_arrivals(row, stats, run.due)
+    measure.check_calls(row, run.job_id)
+    if other is not None:
+        _check_other(row, other)
     measure.read_logs(row, processes)
     return row
+
+
+def _api(rig: Rig, scenario: Scenario, rate: float, suffix: str = "") -> Any:
+    from ratejobs.services.apis import api_create
+
+    return api_create(
+        name=f"scale-{scenario.name}{suffix}-{uuid.uuid4().hex[:6]}", base_url=rig.sandbox.url,
+        rate=rate, burst=API_BURST, idempotency_header=IDEMPOTENCY_HEADER,
+    )  # fmt: skip
+
+
+def _apis_on_two_nodes(rig: Rig, scenario: Scenario) -> tuple[Any, Any]:
+    """Two APIs at half the limit each whose limiters live on different nodes of the Cluster
+    (an API's keys share one hash tag, its name)."""
+    assert rig.cluster is not None
+    first = _api(rig, scenario, LIMIT / 2)
+    node = rig.cluster.node_of(first.name)
+    for _ in range(50):
+        other = _api(rig, scenario, LIMIT / 2, "-other")
+        if rig.cluster.node_of(other.name) != node:
+            return first, other
+        other.delete()
+    raise ScaleError("no API name of 50 tried hashed to another node than the first's")
+
+
+def _redis_counters(rig: Rig, scenario: Scenario) -> dict[str, list[Any]]:
+    """Clients of the Redis servers whose own counts are the row's Redis operations: the run's
+    plain Redis, where every process of the row sends everything (broker, limiter, cache);
+    in redis-cluster, the Cluster's masters (the limiters and the dispatch keys) apart from
+    the plain Redis (the broker and the web's cache). None in the other rows: Sentinel's
+    replication and a restarted node's counts would blur them."""
+    import redis
+
+    plain = [redis.Redis.from_url(os.environ["REDIS_URL"], socket_timeout=10)]
+    if scenario.redis == "plain":
+        return {"": plain}
+    if scenario.redis == "cluster" and scenario.fault is None and rig.cluster is not None:
+        nodes = [
+            redis.Redis(host=SERVICES.address, port=port, socket_timeout=10)
+            for port in rig.cluster.ports
+        ]
+        return {"on the Cluster (limiters, dispatch keys)": nodes,
+                "on the plain Redis (broker, cache)": plain}  # fmt: skip
+    plain[0].close()
+    return {}
 
 
 def _start_hosts(
@@ -318,53 +413,123 @@ def _start_hosts(
     return processes, site.result()[1]
 
 
-def _run_job(
-    rig: Rig, web_url: str, row: Row, api: str, calls: int, fault: Callable[[], None] | None
-) -> tuple[int, float, list[tuple[float, int]], float | None]:
-    """Submits the job through the web host and polls it until it ends, running `fault` once
-    FAULT_AT of its calls are done; returns its id, when it was due (this host's epoch: its
-    not_before, or its submission), its progress samples (monotonic time, final calls) and
-    when FAULT_AT of its calls were done (monotonic), when the fault struck if there is one."""
+@dataclass
+class JobRun:
+    job_id: int
+    due: float  # this host's epoch: its not_before, or its submission
+    samples: list[tuple[float, int]]  # progress: (monotonic time, final calls)
+    struck: float | None = None  # monotonic: when FAULT_AT of its calls were done
+    struck_at: float | None = None  # the same, this host's epoch (the sandbox's clock)
+
+
+def _submit(rig: Rig, web_url: str, row: Row, api: str, calls: int, prefix: str = "") -> int:
+    """A job of `calls` GETs of /items/{prefix}{i} submitted through the web host (with the
+    row's not_before); its id."""
     body: dict[str, Any] = {
         "api": api,
-        "name": f"scale {row.scenario.name}",
-        "calls": [{"method": "GET", "path": f"/items/{i}"} for i in range(calls)],
+        "name": f"scale {row.scenario.name} {prefix}".strip(),
+        "calls": [{"method": "GET", "path": f"/items/{prefix}{i}"} for i in range(calls)],
     }
-    due = time.time() + row.scenario.start_in
     if row.scenario.start_in:
+        due = time.time() + row.scenario.start_in
         body["not_before"] = datetime.datetime.fromtimestamp(due, datetime.UTC).isoformat()
-    created = time.monotonic()
     response = rig.session.post(f"{web_url}/api/jobs/", json=body, timeout=60)
     if response.status_code != 201:
         raise ScaleError(f"job not created: {response.status_code} {response.text[:500]}")
-    job_id = response.json()["id"]
-    samples = [(created, 0)]
-    struck = None
+    return response.json()["id"]
+
+
+def _run_job(
+    rig: Rig, web_url: str, row: Row, api: str, calls: int, fault: Callable[[], None] | None
+) -> JobRun:
+    """Submits the job through the web host and polls it until it ends, running `fault` once
+    FAULT_AT of its calls are done."""
+    due = time.time() + row.scenario.start_in
+    created = time.monotonic()
+    run = JobRun(_submit(rig, web_url, row, api, calls), due, [(created, 0)])
     peak = Peaks()
     timeout = row.scenario.start_in + calls / LIMIT * 2 + JOB_SLACK_SECONDS
     if row.scenario.fault:
         timeout += float(CHAOS_SETTINGS["RATEJOBS_STALE_DISPATCH_SECONDS"]) + CUT_SECONDS
     while True:
-        job = rig.session.get(f"{web_url}/api/jobs/{job_id}/", timeout=30).json()
+        job = rig.session.get(f"{web_url}/api/jobs/{run.job_id}/", timeout=30).json()
         now = time.monotonic()
-        samples.append((now, job["succeeded"] + job["failed"] + job["cancelled"]))
-        if len(samples) % PEAK_EVERY == 0:
+        run.samples.append((now, job["succeeded"] + job["failed"] + job["cancelled"]))
+        if len(run.samples) % PEAK_EVERY == 0:
             peak.sample(rig.pgbouncer if row.scenario.database == "pgbouncer" else None)
         if job["status"] in ("completed", "cancelled"):
             row.job_seconds = now - created
             row.notes.append(peak.say())
-            return job_id, due, samples, struck
-        if struck is None and samples[-1][1] >= calls * FAULT_AT:
-            struck = time.monotonic()
+            return run
+        if run.struck is None and run.samples[-1][1] >= calls * FAULT_AT:
+            run.struck, run.struck_at = time.monotonic(), time.time()
             if fault is not None:
                 fault()
         if now - created > timeout:
             row.problems.append(
-                f"job not finished after {timeout:.0f} s ({samples[-1][1]:,}/{calls:,})"
+                f"job not finished after {timeout:.0f} s ({run.samples[-1][1]:,}/{calls:,})"
             )
             row.notes.append(peak.say())
-            return job_id, due, samples, struck
+            return run
         time.sleep(POLL_SECONDS)
+
+
+def _wait_other(rig: Rig, web_url: str, row: Row, job_id: int) -> None:
+    deadline = time.monotonic() + row.calls / (LIMIT / 2) + JOB_SLACK_SECONDS
+    while rig.session.get(f"{web_url}/api/jobs/{job_id}/", timeout=30).json()["status"] not in (
+        "completed",
+        "cancelled",
+    ):
+        if time.monotonic() > deadline:
+            row.problems.append("the second API's job did not finish")
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def _check_other(row: Row, job_id: int) -> None:
+    """The second API's job, as the row's own: every call once, all succeeded."""
+    other = Row(row.scenario, row.calls)
+    measure.check_calls(other, job_id)
+    row.problems += [f"the second API's job: {problem}" for problem in other.problems]
+
+
+def _node_down(row: Row, stats: dict[str, Any], restart: NodeRestart) -> None:
+    """While the job's API's node was down: none of its requests may arrive (its limiter fails
+    closed), save those granted before the kill; the second API's must go on at its rate."""
+    if restart.killed_at is None or restart.started_at is None:
+        return
+    down = restart.started_at - restart.killed_at
+    admitted = [entry for entry in stats["log"] if entry["status"] != 429]
+    others = [e["t"] for e in admitted if e["path"].startswith(OTHER_PATHS)]
+    own = [e["t"] for e in admitted if not e["path"].startswith(OTHER_PATHS)]
+    closed = [
+        t for t in own if restart.killed_at + GRANTED_BEFORE_SECONDS <= t < restart.started_at
+    ]
+    others = [t for t in others if restart.killed_at <= t < restart.started_at]
+    back = min((t for t in own if t >= restart.started_at), default=None)
+    other_pace = len(others) / down / (LIMIT / 2) if down > 0 else 0.0
+    row.notes.append(
+        f"node {restart.port} killed (SIGKILL) and started again {down:.1f} s later, "
+        + (
+            f"cluster_state ok after {restart.ok_at - restart.started_at:.1f} s"
+            if restart.ok_at is not None
+            else "cluster_state never ok again"
+        )
+        + f"; while it was down: {len(closed)} requests of its API more than "
+        f"{GRANTED_BEFORE_SECONDS:g} s after the kill, {len(others):,} of the other API "
+        f"({other_pace:.2f} of its {LIMIT / 2:g}/s); its API's first request after the start: "
+        + ("none" if back is None else f"{back - restart.started_at:.1f} s")
+    )
+    if closed:
+        row.problems.append(
+            f"{len(closed)} requests of the API whose node was down: its limiter did not fail "
+            "closed"
+        )
+    if other_pace < OTHER_PACE_FLOOR:
+        row.problems.append(
+            f"the other API kept {other_pace:.2f} of its rate while the node was down, under "
+            f"{OTHER_PACE_FLOOR}"
+        )
 
 
 @dataclass
@@ -386,17 +551,18 @@ class Peaks:
         return f"connections during the job: to PostgreSQL at most {self.database}{pooler}"
 
 
-def _failover(rig: Rig, row: Row) -> Callable[[], None]:
+def _failover(rig: Rig, row: Row, *, kill_old: bool) -> Callable[[], None]:
     def strike() -> None:
         from ratejobs.models import Call
 
         assert rig.sentinel is not None
         running = Call.objects.filter(status=Call.Status.RUNNING).count()
         before = rig.sentinel.master()
-        took = rig.sentinel.failover()
+        took = rig.sentinel.failover(kill_old=kill_old)
         row.notes.append(
             f"SENTINEL FAILOVER with {running} calls running: master {before[1]} -> "
             f"{rig.sentinel.master()[1]} in {took:.1f} s"
+            + (", then the old master killed (SIGKILL)" if kill_old else "")
         )
 
     return strike
@@ -438,7 +604,7 @@ def _split_brain(sentinel: SentinelRedis, row: Row) -> None:
     row.notes.append(
         "the old master became a replica "
         + ("(not seen)" if demoted is None else f"{demoted:.1f} s after SENTINEL FAILOVER")
-        + ": until then it took the writes of every process still connected to it"
+        + ": until then it answered every process still connected to it"
         + ("" if discarded is None else f", {discarded:,} bytes of them dropped with its resync")
     )
 
@@ -529,8 +695,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--calls", type=int, default=DEFAULT_CALLS, help="calls per job")
+    default = [name for name, scenario in SCENARIOS.items() if scenario.default]
+    others = [name for name in SCENARIOS if name not in default]
     parser.add_argument(
-        "--only", default=",".join(SCENARIOS), help=f"rows to run, of: {', '.join(SCENARIOS)}"
+        "--only",
+        default=",".join(default),
+        help=f"rows to run, of: {', '.join(default)} (the default: all of these); and, only "
+        f"when named: {', '.join(others)}",
     )
     parser.add_argument(
         "--clean", action="store_true", help="remove the rjs-* namespaces of an interrupted run"

@@ -129,6 +129,19 @@ class SentinelRedis:
             "CELERY_BROKER_URL": ";".join(f"sentinel://{host}/{db}" for host in hosts),
         }
 
+    def require_replicas(self, replicas: int, max_lag: int) -> None:
+        """min-replicas-to-write on every server of the group (the master now, and the replica,
+        a master after a failover): a master then refuses writes (NOREPLICAS) once fewer
+        replicas than that have acknowledged within `max_lag` seconds."""
+        for server in self.servers:
+            if server.process is not None and server.process.poll() is None:
+                client = redis.Redis(host="127.0.0.1", port=_port(server.url), socket_timeout=5)
+                try:
+                    client.config_set("min-replicas-to-write", replicas)
+                    client.config_set("min-replicas-max-lag", max_lag)
+                finally:
+                    client.close()
+
     def master(self) -> tuple[str, int]:
         client = self._sentinel(self.sentinel_ports[0])
         try:
@@ -137,14 +150,19 @@ class SentinelRedis:
             client.close()
         return host.decode(), int(port)
 
-    def failover(self) -> float:
+    def failover(self, *, kill_old: bool) -> float:
         """SENTINEL FAILOVER, then until the sentinels name the replica as the master and it
-        answers as one; returns the seconds that took. A thread then waits for the old master
-        to become a replica (demoted_after): until then it still takes the clients' writes."""
+        answers as one; returns the seconds that took. With `kill_old`, the old master is then
+        killed (SIGKILL), as a master that failed for good: every client still connected to it
+        loses its connection at once. Without it, a thread waits for the old master to become a
+        replica (demoted_after): until then it still takes the clients' writes."""
         began = time.monotonic()
         before = self.master()
         self.demoted_after = None
-        threading.Thread(target=self._wait_demoted, args=(before[1], began), daemon=True).start()
+        if not kill_old:
+            threading.Thread(
+                target=self._wait_demoted, args=(before[1], began), daemon=True
+            ).start()
         client = self._sentinel(self.sentinel_ports[0])
         try:
             client.execute_command("SENTINEL", "FAILOVER", MASTER_NAME)
@@ -155,10 +173,17 @@ class SentinelRedis:
             with contextlib.suppress(redis.RedisError):
                 now = self.master()
                 if now != before and _role(now[1]) == "master":
-                    return time.monotonic() - began
+                    break
             if time.monotonic() > deadline:
                 raise SentinelError(f"no new master {SWITCH_TIMEOUT:g} s after SENTINEL FAILOVER")
             time.sleep(0.05)
+        took = time.monotonic() - began
+        if kill_old:
+            old = next(s for s in self.servers if s.process and _port(s.url) == before[1])
+            assert old.process is not None
+            old.process.kill()
+            old.process.wait()
+        return took
 
     def _wait_demoted(self, port: int, began: float) -> None:
         deadline = began + SWITCH_TIMEOUT
