@@ -68,6 +68,14 @@ def count_arrivals(row: Row, stats: Mapping[str, Any], due: float) -> None:
             row.problems.append(
                 f"the first call arrived {row.late_start:.1f} s after the job was due"
             )
+    # A 429's Retry-After holds every client (the quota is shared), whatever its clock says.
+    inside = stats.get("retry_after_violations", 0)
+    if inside:
+        row.problems.append(f"{inside} requests arrived inside a Retry-After window")
+    elif row.throttled:
+        row.notes.append(
+            f"no request arrived inside the Retry-After of any of the {row.throttled} 429s"
+        )
     if row.throttled and row.scenario.fault is None:
         row.problems.append(f"{row.throttled} requests answered 429")
     elif row.throttled:

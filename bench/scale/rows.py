@@ -32,6 +32,10 @@ START_SLACK_SECONDS = 2.0
 # With min_replicas, a master refuses writes once its replica has not acknowledged for this
 # many seconds (Redis's default is 10).
 MIN_REPLICAS_MAX_LAG = 2
+# The retry-after-skew row: for this long the sandbox admits this share of the limit, and
+# answers the rest 429 with Retry-After as an HTTP-date (a moment, read on whose clock?).
+THROTTLE_SECONDS = 10.0
+THROTTLE_SHARE = 0.4
 # The cluster-node-restart row: two APIs at half the limit each, as many calls each as take the
 # other rows' 40 s, and one node of the Cluster down for longer than its node timeout (5 s),
 # so the other nodes mark it failed.
@@ -58,7 +62,9 @@ class Scenario:
     # (SENTINEL FAILOVER, the old master left running), "cut-off" (worker host 2 off the
     # network for CUT_SECONDS), "node-restart" (the Cluster node of the job's API killed and
     # started again NODE_DOWN_SECONDS later, while a second API's job runs on another node),
-    # "pgbouncer-restart" (PgBouncer stopped and started again)
+    # "pgbouncer-restart" (PgBouncer stopped and started again), "throttle" (the sandbox lets
+    # through THROTTLE_SHARE of the limit for THROTTLE_SECONDS, its 429s carrying Retry-After
+    # as an HTTP-date)
     fault: str | None = None
     database: str = "direct"  # or "pgbouncer": every process through PgBouncer, transaction mode
     # Run by `make scale` (and without --only); the others only when named.
@@ -104,6 +110,14 @@ SCENARIOS = {
             NOT_BEFORE,
             start_in=NOT_BEFORE_SECONDS,
             calls=NOT_BEFORE_CALLS,
+        ),
+        Scenario(
+            "retry-after-skew",
+            SKEWED,
+            f"once {FAULT_AT:.0%} of the calls are done, the sandbox admits {THROTTLE_SHARE:.0%} "
+            f"of the limit for {THROTTLE_SECONDS:g} s and answers the rest 429 with Retry-After "
+            "as an HTTP-date",
+            fault="throttle",
         ),
         Scenario(
             "sentinel-failover",

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -40,6 +41,8 @@ from bench.scale.rows import (
     NODE_DOWN_SECONDS,
     SANDBOX_BURST,
     SCENARIOS,
+    THROTTLE_SECONDS,
+    THROTTLE_SHARE,
     Row,
     Scenario,
     render,
@@ -269,6 +272,8 @@ def run_row(rig: Rig, scenario: Scenario, calls: int) -> Row:
             fault = lambda: restart.append(cluster.restart(port, NODE_DOWN_SECONDS))  # noqa: E731
         elif scenario.fault == "pgbouncer-restart":
             fault = _restart_pgbouncer(rig, row)
+        elif scenario.fault == "throttle":
+            fault = _throttle(rig, row, stop)
         counters = _redis_counters(rig, scenario)
         before = {what: measure.redis_snapshot(clients) for what, clients in counters.items()}
         if other_api is not None:
@@ -565,6 +570,29 @@ def _failover(rig: Rig, row: Row, *, kill_old: bool) -> Callable[[], None]:
             + (", then the old master killed (SIGKILL)" if kill_old else "")
         )
 
+    return strike
+
+
+def _throttle(rig: Rig, row: Row, stop: contextlib.ExitStack) -> Callable[[], None]:
+    """The sandbox admits THROTTLE_SHARE of the limit for THROTTLE_SECONDS, its 429s telling
+    when to come back as an HTTP-date, on the services host's clock: a worker that read it on
+    its own clock (30 s fast) would come back at once, one 30 s slow half a minute late."""
+
+    def restore() -> None:
+        rig.sandbox.configure(real_rate=None, retry_after_format="delta")
+
+    def strike() -> None:
+        rig.sandbox.configure(real_rate=LIMIT * THROTTLE_SHARE, retry_after_format="date")
+        timer = threading.Timer(THROTTLE_SECONDS, restore)
+        timer.daemon = True
+        timer.start()
+        stop.callback(timer.cancel)
+        row.notes.append(
+            f"the sandbox admitted {LIMIT * THROTTLE_SHARE:g}/s for {THROTTLE_SECONDS:g} s, "
+            "Retry-After as an HTTP-date"
+        )
+
+    stop.callback(restore)  # the sandbox serves the next rows at the limit, whatever happened
     return strike
 
 
