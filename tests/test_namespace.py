@@ -96,7 +96,7 @@ def test_a_limiter_namespace_shares_the_limiters_alone(
     body = client.get("/healthz").json()
     assert (body["namespace"], body["limiter_namespace"]) == (namespace_b, quota)
     # but a's dispatch keys, which name rows of a's database, are not b's
-    wakeup = f"dispatch:{{{api.pk}}}:wakeup"
+    wakeup = f"dispatch:{{{api.name}}}:wakeup"  # under the hash tag of the API's limiter
     assert redis_client.exists(f"ratejobs:{namespace_a}:{wakeup}")
     assert not redis_client.exists(f"ratejobs:{namespace_b}:{wakeup}")
 
@@ -135,8 +135,8 @@ def test_dispatch_requests_are_kept_under_the_namespace(api, namespaces, redis_c
     namespace = namespaces("a")
     # a wake-up 5 s away (request_dispatch's key lives 250 ms: too short to look at here)
     schedule_wakeup(api.pk, database_now() + timedelta(seconds=30))
-    assert redis_client.exists(f"ratejobs:{namespace}:dispatch:{{{api.pk}}}:wakeup")
-    assert not redis_client.exists(f"ratejobs:dispatch:{{{api.pk}}}:wakeup")
+    assert redis_client.exists(f"ratejobs:{namespace}:dispatch:{{{api.name}}}:wakeup")
+    assert not redis_client.exists(f"ratejobs:dispatch:{{{api.name}}}:wakeup")
 
 
 def test_the_default_namespace_is_a_short_stable_hash_of_the_database(tmp_path, monkeypatch):
