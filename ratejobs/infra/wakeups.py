@@ -17,6 +17,7 @@ from datetime import datetime
 
 import redis
 from celery import current_app
+from django.db import DatabaseError
 
 from ratejobs.celery_settings import DISPATCH_TASK
 from ratejobs.infra.clock import database_now
@@ -32,9 +33,6 @@ DISPATCH_DEBOUNCE_SECONDS = 0.25
 # Calls waiting for a later attempt are looked at again at least this often. Countdowns stay
 # short: a Redis broker redelivers a long-delayed task after its visibility timeout.
 MAX_WAKEUP_SECONDS = 5.0
-# API names by id, for the hash tag of their dispatch keys (a name never changes).
-MAX_CACHED_TAGS = 4096
-_tags: dict[int, str] = {}
 
 
 def dispatch_key(api_id: int, part: str) -> str:
@@ -43,15 +41,16 @@ def dispatch_key(api_id: int, part: str) -> str:
     held the debounce keys of APIs whose limiters were elsewhere, and their calls waited for
     the reconciler while the node was away (bench/scale's cluster-node-restart: the other
     API at 0.40 of its rate); now a node down stops the dispatch only of the APIs whose
-    limiters it holds, whose calls wait anyway (a limiter fails closed)."""
-    tag = _tags.get(api_id)
-    if tag is None:
+    limiters it holds, whose calls wait anyway (a limiter fails closed).
+
+    The name is read each time (a primary-key lookup), not cached by id: SQLite gives a
+    deleted API's id to the next one, and a name cached for the old one would put the new
+    one's requests under another key than the other processes use."""
+    try:
         name = Api.objects.filter(pk=api_id).values_list("name", flat=True).first()
-        if name is None:  # gone: nothing to share a node with
-            return redis_key("dispatch", f"{{{api_id}}}", part)
-        if len(_tags) >= MAX_CACHED_TAGS:
-            _tags.clear()
-        tag = _tags[api_id] = name
+    except DatabaseError:  # asked for anyway; the reconciler covers what this loses
+        name = None
+    tag = str(api_id) if name is None else name
     return redis_key("dispatch", f"{{{tag}}}", part)
 
 
