@@ -73,14 +73,18 @@ class RedisClusterGroup:
             raise ClusterError(f"redis-cli --cluster create: {done.stdout[-800:]}{done.stderr}")
         deadline = time.monotonic() + READY_TIMEOUT
         for port in self.ports:
-            client = redis.Redis(host=self.address, port=port, socket_timeout=5)
-            try:
-                while client.cluster("info").get("cluster_state") != "ok":
-                    if time.monotonic() > deadline:
-                        raise ClusterError(f"node {port}: cluster_state not ok")
-                    time.sleep(0.2)
-            finally:
-                client.close()
+            self._wait_ok(port, deadline)
+
+    def _wait_ok(self, port: int, deadline: float) -> None:
+        """Until the node on `port` says cluster_state ok (a monotonic `deadline`)."""
+        client = redis.Redis(host=self.address, port=port, socket_timeout=5)
+        try:
+            while client.cluster("info").get("cluster_state") != "ok":
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"node {port}: cluster_state not ok")
+                time.sleep(0.1)
+        finally:
+            client.close()
 
     def environment(self) -> dict[str, str]:
         """REDIS_URL names one node (database 0: Cluster has no other)."""
@@ -132,15 +136,7 @@ class RedisClusterGroup:
             time.sleep(restart.down_seconds)
             self.servers[number] = self._start_node(number, restart.port)
             restart.started_at = time.time()
-            client = redis.Redis(host=self.address, port=restart.port, socket_timeout=5)
-            try:
-                deadline = time.monotonic() + READY_TIMEOUT
-                while client.cluster("info").get("cluster_state") != "ok":
-                    if time.monotonic() > deadline:
-                        raise ClusterError(f"node {restart.port}: cluster_state not ok again")
-                    time.sleep(0.1)
-            finally:
-                client.close()
+            self._wait_ok(restart.port, time.monotonic() + READY_TIMEOUT)
             restart.ok_at = time.time()
         except Exception as exc:  # noqa: BLE001 (said in the row, not lost in a thread)
             restart.errors.append(f"node restart: {exc}")
